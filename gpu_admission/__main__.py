@@ -1,0 +1,3 @@
+from gpu_admission.cli import main
+
+main()

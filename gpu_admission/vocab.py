@@ -1,0 +1,34 @@
+"""The fixed vocabulary users and tests rely on: labels, annotations, resource names.
+
+Sources: NVIDIA k8s-device-plugin README and ``internal/lm/resource.go`` (GFD labels,
+``.shared`` resources, ``-SHARED`` product suffix); Kubeflow training-operator
+``pkg/controller.v1/common/pod.go`` (training labels, owner kinds). See
+``shared/reference/gpu-facts.md`` sections 5 and 6.
+"""
+
+from typing import Final
+
+# --- our own labels / annotations -------------------------------------------------
+NAMESPACE_OPT_IN_LABEL: Final = "gpu-admission.io/enabled"  # value "true"
+WORKLOAD_LABEL: Final = "gpu-admission.io/workload"  # training | inference | notebook
+CUDA_VERSION_LABEL: Final = "gpu-admission.io/cuda-version"  # pod label and node-pool label
+MUTATED_ANNOTATION: Final = "gpu-admission.io/mutated"
+
+WORKLOAD_CLASSES: Final = ("training", "inference", "notebook")
+
+# --- GPU resources (NVIDIA device plugin) ------------------------------------------
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+SHARED_SUFFIX: Final = ".shared"  # time-slicing/MPS with renameByDefault: true
+MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"  # nvidia.com/mig-<g>g.<N>gb[.shared]
+
+# --- GPU Feature Discovery node labels ---------------------------------------------
+GFD_SHARING_STRATEGY: Final = "nvidia.com/gpu.sharing-strategy"  # none|time-slicing|mps
+GFD_REPLICAS: Final = "nvidia.com/gpu.replicas"
+GFD_MEMORY: Final = "nvidia.com/gpu.memory"  # MiB
+GFD_PRODUCT: Final = "nvidia.com/gpu.product"  # "-SHARED" suffix when shared, not renamed
+GFD_CUDA_RUNTIME_MAJOR: Final = "nvidia.com/cuda.runtime-version.major"
+GFD_CUDA_RUNTIME_MINOR: Final = "nvidia.com/cuda.runtime-version.minor"
+SHARED_PRODUCT_SUFFIX: Final = "-SHARED"
+SHARED_STRATEGIES: Final = ("time-slicing", "mps")
+
+DEFAULT_SCHEDULER: Final = "default-scheduler"
