@@ -1,25 +1,46 @@
-"""The ``gpu-admission`` command line: one group, one module per sub-command."""
+"""The ``gpu-admission`` command line: one group, one module per sub-command.
+
+Sub-commands are imported only when invoked (click's documented lazy-group pattern,
+https://click.palletsprojects.com/en/stable/complex/#lazily-loading-subcommands), so
+``gpu-admission audit`` does not pay for importing the server and the kubernetes client.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from gpu_admission import __version__
-from gpu_admission.auditlog.cli import audit
-from gpu_admission.certs import certs
-from gpu_admission.evaluate_cli import evaluate
-from gpu_admission.install_certs import install_certs
-from gpu_admission.server.cli import serve
+
+# command name -> "module:object"
+SUBCOMMANDS = {
+    "evaluate": "gpu_admission.evaluate_cli:evaluate",
+    "serve": "gpu_admission.server.cli:serve",
+    "certs": "gpu_admission.certs:certs",
+    "install-certs": "gpu_admission.install_certs:install_certs",
+    "audit": "gpu_admission.auditlog.cli:audit",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose sub-commands are named up front and imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = SUBCOMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, name = target.partition(":")
+        command = getattr(importlib.import_module(module), name)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{target} is not a click command")
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpu-admission")
 def main() -> None:
     """Admission webhook that makes GPU sharing on Kubernetes safe and automatic."""
-
-
-main.add_command(evaluate)
-main.add_command(serve)
-main.add_command(certs)
-main.add_command(install_certs)
-main.add_command(audit)

@@ -110,6 +110,10 @@ def decision_record(*, decision: Decision, facts: RequestFacts, pod: Mapping[str
     if isinstance(pod, Mapping) and isinstance(pod.get("metadata"), Mapping):
         metadata = pod["metadata"]
     violations = [v.as_dict() for v in decision.violations]
+    # The wire layer only sends a patch for an allowed Pod CREATE on /mutate; record what
+    # was actually applied, not what a decision might carry at another stage.
+    sent = (decision.patch if decision.allowed and facts.stage == "mutate"
+            and facts.operation == "CREATE" else ())
     return {
         "schemaVersion": SCHEMA_VERSION,
         "time": format_time(time or datetime.now(UTC)),
@@ -129,13 +133,13 @@ def decision_record(*, decision: Decision, facts: RequestFacts, pod: Mapping[str
         "cudaVersion": decision.cuda_version,
         "cudaSource": decision.cuda_source,
         "decision": "allowed" if decision.allowed else "denied",
-        "mutated": bool(decision.patch) and decision.allowed,
+        "mutated": bool(sent),
         "modes": {v.rule: str(v.mode) for v in decision.violations},
         "violations": violations,
         "warnings": list(decision.warnings),
         "exempt": decision.exempt,
-        "patch": {"ops": len(decision.patch), "paths": patch_paths(decision.patch),
-                  "changes": list(decision.changes)},
+        "patch": {"ops": len(sent), "paths": patch_paths(sent),
+                  "changes": list(decision.changes) if sent else []},
         "policyDigest": policy_digest,
         "instance": instance,
     }

@@ -26,6 +26,7 @@ here we need byte batches and exact error accounting.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import queue
@@ -34,7 +35,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
@@ -51,6 +52,7 @@ DEFAULT_QUEUE_SIZE: Final = 10_000  # records; ~1 KiB each → ~10 MiB worst-cas
 MAX_BATCH: Final = 512  # records joined into one os.write
 LOG_EVERY_S: Final = 10.0  # at most one error log line per kind per 10 s
 STDOUT: Final = "-"
+DEFAULT_CLOSE_TIMEOUT: Final = 10.0  # seconds; below the default 30 s grace period
 
 _STOP: Final = object()
 
@@ -133,6 +135,7 @@ class DecisionLog:
         self._stream = stream  # only for "-"
         self._fd: int | None = None
         self._regular = True
+        self._in_flight = 0  # records taken by the thread, not yet written or dropped
         self._size = 0  # bytes in the current file, as far as we wrote/observed
         self._torn = False  # a partial line may end the file: start the next write with \n
         self._closed = False
@@ -188,20 +191,31 @@ class DecisionLog:
 
     # ---- shutdown ---------------------------------------------------------------------
 
-    async def aclose(self) -> None:
-        """Flush everything enqueued and close (the waiting happens in a worker thread)."""
-        import asyncio  # noqa: PLC0415 - keep the module importable without an event loop
+    async def aclose(self, wait_s: float | None = DEFAULT_CLOSE_TIMEOUT) -> None:
+        """Flush everything enqueued and close (the waiting happens in a worker thread).
 
-        await asyncio.to_thread(self.close)
+        ``wait_s`` (seconds) bounds the wait so a hung disk cannot stall a graceful
+        shutdown past the pod's termination grace period; what is left is counted as
+        dropped (reason ``closed``) and logged.
+        """
+        await asyncio.to_thread(self.close, wait_s)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = DEFAULT_CLOSE_TIMEOUT) -> None:
         """Synchronous :meth:`aclose` for code without an event loop (CLI, tests)."""
-        if self._closed:
-            self._thread.join()
-            return
-        self._closed = True
-        self._queue.put(_STOP)  # blocks only until the writer frees a slot
-        self._thread.join()
+        stop_queued = False
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(queue.Full):
+                self._queue.put(_STOP, timeout=timeout)  # waits only for a free slot
+                stop_queued = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            # Not yet written: what is still queued (minus our stop marker) and what the
+            # stuck thread holds.
+            left = max(self._queue.qsize() - stop_queued, 0) + self._in_flight
+            self.metrics.dropped.labels(reason="closed").inc(left)
+            log.error("audit_close_timeout", target=self.target, timeout_s=timeout,
+                      records_left=left)
 
     # ---- writer thread ----------------------------------------------------------------
 
@@ -221,7 +235,9 @@ class DecisionLog:
                     else:
                         batch.append(more)  # type: ignore[arg-type]
                 if batch:
+                    self._in_flight = len(batch)
                     self._write_batch(batch)
+                    self._in_flight = 0
                 if stop:
                     # Records enqueued while close() raced with write(): keep them too.
                     late: list[bytes] = []
@@ -231,50 +247,74 @@ class DecisionLog:
                             if extra is not _STOP:
                                 late.append(extra)  # type: ignore[arg-type]
                     if late:
+                        self._in_flight = len(late)
                         self._write_batch(late)
+                        self._in_flight = 0
                     return
         finally:
             self._close_fd()
 
     def _write_batch(self, batch: list[bytes]) -> None:
-        data = b"".join(batch)
+        done = 0  # records safely written; the rest of the batch is lost on an error
         try:
             if self._stream is not None:
-                self._stream.write(data)
+                self._stream.write(b"".join(batch))
                 self._stream.flush()
+                done = len(batch)
             else:
-                self._write_file(data)
+                for chunk in self._chunks(batch):
+                    self._write_file(b"".join(chunk))
+                    done += len(chunk)
         except OSError as exc:
+            lost = len(batch) - done
+            self.metrics.written.inc(done)
             self.metrics.write_errors.labels(reason="io").inc()
-            self.metrics.dropped.labels(reason="io").inc(len(batch))
+            self.metrics.dropped.labels(reason="io").inc(lost)
             self._failing = True
-            self._log_io(target=self.target, error=str(exc), errno=exc.errno,
-                         records=len(batch))
+            self._log_io(target=self.target, error=str(exc), errno=exc.errno, records=lost)
             self._close_fd()  # re-open (and re-check the path) on the next batch
             return
-        self.metrics.written.inc(len(batch))
+        self.metrics.written.inc(done)
         if self._failing:
             self._failing = False
             log.info("audit_write_recovered", target=self.target)
 
+    def _chunks(self, batch: list[bytes]) -> Iterator[list[bytes]]:
+        """Split a batch so each file stays within ``max_bytes``, rotating between chunks.
+
+        A single line longer than ``max_bytes`` gets a file of its own (lines are never
+        split).
+        """
+        self._open_fd()
+        chunk: list[bytes] = []
+        pending = 0  # bytes in ``chunk``
+        for line in batch:
+            limit_hit = self._size + pending + len(line) > self.max_bytes
+            if self._regular and self.max_bytes and (self._size or chunk) and limit_hit:
+                if chunk:
+                    yield chunk
+                    chunk, pending = [], 0
+                if self._size:
+                    self._rotate()
+                    self._open_fd()
+            chunk.append(line)
+            pending += len(line)
+        if chunk:
+            yield chunk
+
     def _open_fd(self) -> int:
         if self._fd is None:
-            # O_RDWR (not O_WRONLY) so the last byte can be checked with pread.
-            self._fd = os.open(self.target, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
+            self._fd = os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             info = os.fstat(self._fd)
             self._regular = stat.S_ISREG(info.st_mode)  # no rotation for /dev/..., FIFOs
             self._size = info.st_size if self._regular else 0
             # A file left by a crash mid-line: terminate that line before appending.
-            if self._size and _last_byte(self._fd, self._size) != b"\n":
+            if self._size and _last_byte(self.target, self._size) != b"\n":
                 self._torn = True
         return self._fd
 
     def _write_file(self, data: bytes) -> None:
         fd = self._open_fd()
-        full = self._size + len(data) > self.max_bytes
-        if self._regular and self.max_bytes and self._size and full:
-            self._rotate()
-            fd = self._open_fd()
         if self._torn:
             data = b"\n" + data
         start = self._size
@@ -322,8 +362,12 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _last_byte(fd: int, size: int) -> bytes:
+def _last_byte(path: str, size: int) -> bytes:
+    """The byte before ``size`` in ``path`` (a separate read-only open: the log itself is
+    opened write-only, which also keeps a FIFO target blocking until it has a reader)."""
     try:
-        return os.pread(fd, 1, size - 1)
-    except OSError:  # unreadable: assume the line is complete rather than fail the write
+        with Path(path).open("rb") as handle:
+            handle.seek(size - 1)
+            return handle.read(1)
+    except OSError:  # unreadable (e.g. mode 0200): assume the line is complete
         return b"\n"
