@@ -1,12 +1,257 @@
-"""Placeholder contract (owner: policy engine). Replaced by the real engine."""
+"""The policy engine: ``evaluate(pod, facts, policy) -> Decision``. Pure, no I/O.
+
+The pod stays a plain dict (what the API server sent in ``request.object``); it is read, never
+modified, never copied whole and never parsed into typed models, so one decision plus its
+patch stays within tens of microseconds. The engine analyses the pod once (:func:`_analyse`),
+runs every rule of :data:`gpu_admission.rules.RULES` in order, and turns the collected
+violations and declared changes into a frozen :class:`~gpu_admission.decision.Decision`:
+
+* any ``enforce`` violation -> denied, no patch;
+* ``warn`` violations -> allowed with a short admission warning each (<= 120 chars, the
+  apiserver's recommendation, see ``api/admission/v1/types.go``);
+* ``audit`` violations -> allowed, only recorded.
+
+Only a Pod CREATE at ``stage == "mutate"`` gets a patch. ``stage == "validate"`` (after all
+mutating webhooks) and UPDATE re-check the object and never return a patch; a pod that merely
+lacks our mutations is not denied for that.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_admission.decision import Decision, RequestFacts
-from gpu_admission.policy.model import Policy
+from gpu_admission.cuda import cuda_from_image, normalize_version
+from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
+from gpu_admission.patch import REQUIRED, PatchBuilder, changed_fields
+from gpu_admission.policy.model import Compiled, NodePool, Policy
+from gpu_admission.rules import RULES, Context, GpuContainer
+from gpu_admission.vocab import (
+    CUDA_VERSION_LABEL,
+    GFD_PRODUCT,
+    GFD_SHARING_STRATEGY,
+    GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
+    MUTATED_ANNOTATION,
+    SHARED_PRODUCT_SUFFIX,
+    SHARED_STRATEGIES,
+    SHARED_SUFFIX,
+    WORKLOAD_CLASSES,
+    WORKLOAD_LABEL,
+)
+
+MAX_WARNING = 120
+_FULL_GPU_RESOURCES = frozenset({GPU_RESOURCE, GPU_RESOURCE + SHARED_SUFFIX})
+_EMPTY: Mapping[str, Any] = {}
+_ALLOWED = Decision(allowed=True)
+
+
+def is_gpu_resource(name: str) -> bool:
+    """``nvidia.com/gpu``, ``nvidia.com/gpu.shared``, ``nvidia.com/mig-<g>g.<N>gb[.shared]``."""
+    return name in _FULL_GPU_RESOURCES or name.startswith(MIG_RESOURCE_PREFIX)
+
+
+def _zero(quantity: Any) -> bool:
+    return quantity == 0 or (isinstance(quantity, str) and quantity.strip() in {"0", ""})
+
+
+def _gpu_resources(container: Mapping[str, Any]) -> dict[str, Any] | None:
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return None
+    found: dict[str, Any] | None = None
+    # requests first so limits win when both name the resource (limits set the allocation
+    # for extended resources; requests must equal them if both are given).
+    for key in ("requests", "limits"):
+        values = resources.get(key)
+        if isinstance(values, dict):
+            for name, quantity in values.items():
+                if isinstance(name, str) and is_gpu_resource(name) and not _zero(quantity):
+                    if found is None:
+                        found = {}
+                    found[name] = quantity
+    return found
+
+
+def gpu_containers(spec: Mapping[str, Any]) -> list[GpuContainer]:
+    """Containers and init containers that request or limit a GPU resource.
+
+    Ephemeral containers cannot have resources (Kubernetes API: "Resources are not allowed
+    for ephemeral containers") and are ignored.
+    """
+    out: list[GpuContainer] = []
+    for kind in ("containers", "initContainers"):
+        items = spec.get(kind)
+        if not isinstance(items, list):
+            continue
+        for index, container in enumerate(items):
+            if not isinstance(container, dict):
+                continue
+            found = _gpu_resources(container)
+            if found:
+                out.append(GpuContainer(
+                    kind, index, container, found,
+                    shared=any(n.endswith(SHARED_SUFFIX) for n in found),
+                    mig=any(n.startswith(MIG_RESOURCE_PREFIX) for n in found)))
+    return out
+
+
+def _classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
+              compiled: Compiled, default: str) -> tuple[str, str, str | None]:
+    """(class, reason, invalid label value) -- label, then training owner/labels, notebook."""
+    bad: str | None = None
+    value = labels.get(WORKLOAD_LABEL)
+    if value is not None:
+        if value in WORKLOAD_CLASSES:
+            return str(value), f"label {WORKLOAD_LABEL}", None
+        bad = str(value)
+    owners = meta.get("ownerReferences")
+    if isinstance(owners, list):
+        for ref in owners:
+            kind = ref.get("kind") if isinstance(ref, dict) else None
+            if isinstance(kind, str) and kind in compiled.training_kinds:
+                return "training", f"owner {kind}/{ref.get('name', '')}", bad
+    for key in labels:
+        if isinstance(key, str) and key.startswith(compiled.training_prefixes):
+            return "training", f"label {key}", bad
+    for key in compiled.notebook_labels:
+        if key in labels:
+            return "notebook", f"label {key}", bad
+    return default, "default", bad
+
+
+def _terms(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    affinity = spec.get("affinity")
+    if not isinstance(affinity, dict):
+        return []
+    node_affinity = affinity.get("nodeAffinity")
+    if not isinstance(node_affinity, dict):
+        return []
+    required = node_affinity.get(REQUIRED)
+    if not isinstance(required, dict):
+        return []
+    terms = required.get("nodeSelectorTerms")
+    return [t for t in terms if isinstance(t, dict)] if isinstance(terms, list) else []
+
+
+def _term_in(term: Mapping[str, Any]) -> dict[str, set[str]]:
+    """``In`` constraints of one term: key -> allowed values."""
+    out: dict[str, set[str]] = {}
+    exprs = term.get("matchExpressions")
+    if isinstance(exprs, list):
+        for expr in exprs:
+            if (isinstance(expr, dict) and expr.get("operator") == "In"
+                    and isinstance(expr.get("key"), str) and isinstance(expr.get("values"), list)):
+                out.setdefault(expr["key"], set()).update(str(v) for v in expr["values"])
+    return out
+
+
+def _find_pool(compiled: Compiled, own: Mapping[str, Any], routed: Mapping[str, Any],
+               terms_in: list[dict[str, set[str]]]) -> NodePool | None:
+    """The pool the pod lands in (first match in policy order, in three passes):
+
+    1. a pool chosen explicitly: its nodeSelector has a label other than the CUDA label and
+       all its labels are in the pod's own nodeSelector;
+    2. a pool all of whose labels are ``In`` requirements of every required affinity term;
+    3. a pool all of whose labels are in the nodeSelector after CUDA routing.
+
+    The pod's explicit choice wins over our routing, and the answer is the same for the pod
+    and for its patched self (idempotence): the routing label only ever decides in pass 3.
+    """
+    for pool, items in compiled.explicit_pools:
+        if all(own.get(k) == v for k, v in items):
+            return pool
+    if terms_in:
+        for pool, items in compiled.pool_selectors:
+            if all(all(v in t.get(k, ()) for k, v in items) for t in terms_in):
+                return pool
+    for pool, items in compiled.pool_selectors:
+        if all(routed.get(k) == v for k, v in items):
+            return pool
+    return None
+
+
+def _shared_reasons(gcs: list[GpuContainer], selector: Mapping[str, Any],
+                    terms_in: list[dict[str, set[str]]],
+                    pool: NodePool | None) -> list[tuple[str, str]]:
+    reasons: list[tuple[str, str]] = []
+    for gc in gcs:
+        if gc.shared:
+            name = next(n for n in gc.resources if n.endswith(SHARED_SUFFIX))
+            reasons.append((f"{gc.path}.resources", f"resource {name}"))
+    strategy = selector.get(GFD_SHARING_STRATEGY)
+    if strategy in SHARED_STRATEGIES:
+        reasons.append((f"spec.nodeSelector[{GFD_SHARING_STRATEGY}]",
+                        f"{GFD_SHARING_STRATEGY}={strategy}"))
+    product = selector.get(GFD_PRODUCT)
+    if isinstance(product, str) and product.endswith(SHARED_PRODUCT_SUFFIX):
+        reasons.append((f"spec.nodeSelector[{GFD_PRODUCT}]", f"product {product}"))
+    for index, term in enumerate(terms_in):
+        strategies = term.get(GFD_SHARING_STRATEGY, set()) & set(SHARED_STRATEGIES)
+        products = {p for p in term.get(GFD_PRODUCT, ()) if p.endswith(SHARED_PRODUCT_SUFFIX)}
+        if strategies or products:
+            what = ", ".join(sorted(strategies | products))
+            reasons.append((f"spec.affinity.nodeAffinity.{REQUIRED}.nodeSelectorTerms[{index}]",
+                            f"node affinity {what}"))
+    if pool is not None and pool.shared:
+        reasons.append(("spec.nodeSelector", f"pool {pool.name} is {pool.sharing}"))
+    return reasons
+
+
+def _cuda(labels: Mapping[str, Any], gcs: list[GpuContainer]
+          ) -> tuple[str | None, str, dict[str, list[str]], str | None]:
+    """(version, source, conflicts, invalid label) -- pod label first, then GPU images."""
+    label = labels.get(CUDA_VERSION_LABEL)
+    invalid: str | None = None
+    if label is not None:
+        version = normalize_version(str(label))
+        if version is not None:
+            return version, f"label {CUDA_VERSION_LABEL}", {}, None
+        invalid = str(label)
+    seen: dict[str, list[str]] = {}
+    source = ""
+    for gc in gcs:
+        image = gc.container.get("image")
+        version = cuda_from_image(image) if isinstance(image, str) else None
+        if version is not None:
+            if version not in seen:
+                source = f"image {image} ({gc.path})"
+            seen.setdefault(version, []).append(gc.path)
+    if len(seen) == 1:
+        return next(iter(seen)), source, {}, invalid
+    if len(seen) > 1:
+        return None, "", seen, invalid
+    return None, "", {}, invalid
+
+
+def short_warning(violation: Violation) -> str:
+    """One admission warning: ``<rule>: <message>``, one line, at most 120 characters."""
+    text = " ".join(f"{violation.rule}: {violation.message}".split())
+    return text if len(text) <= MAX_WARNING else text[:MAX_WARNING - 3].rstrip() + "..."
+
+
+def _exemption(facts: RequestFacts, compiled: Compiled) -> str:
+    if facts.namespace in compiled.exempt_namespaces:
+        return f"namespace {facts.namespace}"
+    if facts.user and facts.user in compiled.exempt_users:
+        return f"user {facts.user}"
+    for group in facts.groups:
+        if group in compiled.exempt_groups:
+            return f"group {group}"
+    return ""
+
+
+def _annotation_value(existing: Any, fields: list[str]) -> str:
+    """Stable summary: sorted kinds of fields we mutated, merged with any earlier summary.
+
+    E.g. ``affinity,env,nodeSelector,schedulerName``; re-running on the patched pod changes
+    nothing, so the value stays put.
+    """
+    kinds = {f.rsplit(".", 1)[-1] if "env" in f else f.split(".", 1)[1]
+             for f in fields if f.startswith("spec.")}
+    if isinstance(existing, str) and existing:
+        kinds.update(k for k in existing.split(",") if k)
+    return ",".join(sorted(kinds))
 
 
 def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy) -> Decision:
@@ -14,5 +259,76 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy) -> Dec
 
     ``facts.stage == "mutate"``: the decision carries the RFC 6902 patch.
     ``facts.stage == "validate"``: re-check the final object, never a patch.
+    Non-Pod objects, pods without GPU resources, DELETE/CONNECT: allowed, no patch.
     """
-    raise NotImplementedError
+    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
+        return _ALLOWED
+    if facts.operation not in ("CREATE", "UPDATE"):
+        return _ALLOWED
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return _ALLOWED
+    gcs = gpu_containers(spec)
+    if not gcs:
+        return _ALLOWED
+    compiled = policy.compiled
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, dict) else _EMPTY
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, dict) else _EMPTY
+    workload, workload_reason, bad_label = _classify(
+        meta, labels, compiled, policy.spec.classification.default_workload)
+    cuda_version, cuda_source, conflict, cuda_invalid = _cuda(labels, gcs)
+
+    exempt = _exemption(facts, compiled)
+    if exempt:
+        return Decision(allowed=True, gpu=True, workload=workload,
+                        workload_reason=workload_reason, cuda_version=cuda_version,
+                        cuda_source=cuda_source, exempt=exempt)
+
+    node_selector = spec.get("nodeSelector")
+    node_selector = node_selector if isinstance(node_selector, dict) else _EMPTY
+    routed = dict(node_selector)
+    if (cuda_version is not None and workload != "training"
+            and policy.spec.cuda_routing.node_selector and CUDA_VERSION_LABEL not in routed):
+        routed[CUDA_VERSION_LABEL] = cuda_version
+    terms = _terms(spec)
+    terms_in = [_term_in(t) for t in terms]
+    pool = _find_pool(compiled, node_selector, routed, terms_in) if compiled.pools else None
+    shared = _shared_reasons(gcs, node_selector, terms_in, pool)
+    mutate = facts.stage == "mutate" and facts.operation == "CREATE"
+    ctx = Context(
+        pod=pod, spec=spec, facts=facts, policy=policy, compiled=compiled,
+        patch=PatchBuilder(pod) if mutate else None, gpu_containers=gcs, labels=labels,
+        workload=workload, workload_reason=workload_reason, bad_workload_label=bad_label,
+        cuda_version=cuda_version, cuda_source=cuda_source, cuda_conflict=conflict,
+        cuda_label_invalid=cuda_invalid, node_selector=node_selector,
+        required_terms=terms, pool=pool, shared_reasons=shared,
+        mig=any(gc.mig for gc in gcs) or (pool is not None and pool.sharing == "mig"),
+    )
+    for rule in RULES:
+        rule.check(ctx)
+
+    violations = tuple(ctx.violations)
+    allowed = not any(v.mode is Mode.ENFORCE for v in violations)
+    warnings = tuple(dict.fromkeys(short_warning(v) for v in violations if v.mode is Mode.WARN))
+    patch: tuple[dict[str, Any], ...] = ()
+    changes: tuple[str, ...] = ()
+    builder = ctx.patch
+    if allowed and builder is not None and not builder.empty:
+        ops = builder.ops()
+        if ops:
+            fields = changed_fields(ops)
+            annotations = meta.get("annotations")
+            existing = (annotations.get(MUTATED_ANNOTATION)
+                        if isinstance(annotations, dict) else None)
+            summary = _annotation_value(existing, fields)
+            if summary != existing:
+                ops.extend(builder.annotation_ops(MUTATED_ANNOTATION, summary))
+                fields.append("metadata.annotations")
+            patch = tuple(ops)
+            changes = tuple(fields)
+    return Decision(
+        allowed=allowed, gpu=True, patch=patch, violations=violations, warnings=warnings,
+        workload=workload, workload_reason=workload_reason, cuda_version=cuda_version,
+        cuda_source=cuda_source, changes=changes)

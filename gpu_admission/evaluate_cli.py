@@ -1,9 +1,196 @@
-"""Placeholder: replaced by the module's owner."""
+"""``gpu-admission evaluate``: the policy offline on files, like ``kyverno apply``/``gator test``.
+
+Exit codes: 0 everything allowed, 1 anything denied, 2 unusable input (a message names the file,
+the document and the field).
+
+``-o json`` prints one JSON object per evaluated pod, one per line (JSON Lines)::
+
+    {"file": str, "document": int (1-based object position; List items count),
+     "kind": str, "name": str, "namespace": str,
+     "template": str (dotted path of the pod template, "" for a Pod),
+     "allowed": bool, "gpu": bool, "exempt": str, "workload": str|null,
+     "workloadReason": str, "cudaVersion": str|null, "cudaSource": str,
+     "violations": [{"rule", "path", "message", "mode"}], "warnings": [str],
+     "patch": [RFC 6902 ops against the pod], "changes": [str]}
+
+``-o yaml`` prints the same objects as a multi-document YAML stream, each with ``mutated``: the
+object with every pod template's patch applied (denied pods are not patched).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
 
 import click
+import orjson
+import yaml
+
+from gpu_admission.decision import Decision, RequestFacts
+from gpu_admission.engine import evaluate as evaluate_pod
+from gpu_admission.patch import apply_ops
+from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
+from gpu_admission.workloads import (
+    PodTemplate,
+    WorkloadError,
+    expand_lists,
+    pod_templates,
+    with_mutated_template,
+)
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Plain YAML for humans: repeat shared sub-objects instead of emitting &id anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+class InputError(click.ClickException):
+    """Unusable input: exit code 2, one clear message, no traceback."""
+
+    exit_code = 2
+
+
+def _read_documents(name: str) -> list[Any]:
+    if name == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError(f"{name}: no such file") from None
+        except IsADirectoryError:
+            raise InputError(f"{name}: is a directory, expected a YAML or JSON file") from None
+        except UnicodeDecodeError:
+            raise InputError(f"{name}: not UTF-8 text") from None
+        except OSError as exc:
+            raise InputError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    try:
+        # YAML 1.1 safe loader; JSON documents parse as YAML flow style too.
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise InputError(f"{name}: invalid YAML/JSON: {where}"
+                         f"{getattr(exc, 'problem', None) or exc}") from None
+    out: list[Any] = []
+    for doc in docs:
+        out.extend(expand_lists(doc) if not isinstance(doc, list) else doc)
+    return out
+
+
+def _result(name: str, index: int, obj: dict[str, Any], tpl: PodTemplate,
+            decision: Decision) -> dict[str, Any]:
+    meta = tpl.pod.get("metadata", {})
+    obj_meta = obj.get("metadata") or {}
+    return {
+        "file": name, "document": index, "kind": obj.get("kind"),
+        "name": obj_meta.get("name") or obj_meta.get("generateName", ""),
+        "namespace": meta.get("namespace", ""), "template": tpl.field,
+        "allowed": decision.allowed, "gpu": decision.gpu, "exempt": decision.exempt,
+        "workload": decision.workload, "workloadReason": decision.workload_reason,
+        "cudaVersion": decision.cuda_version, "cudaSource": decision.cuda_source,
+        "violations": [v.as_dict() for v in decision.violations],
+        "warnings": list(decision.warnings),
+        "patch": [dict(op) for op in decision.patch],
+        "changes": list(decision.changes),
+    }
+
+
+def _text(result: dict[str, Any], label: str) -> str:
+    verdict = "ALLOWED" if result["allowed"] else "DENIED"
+    where = f"{result['file']} document {result['document']}"
+    lines = [f"{label} ({where}): {verdict}"]
+    if not result["gpu"]:
+        lines.append("  not a GPU pod: nothing to do")
+        return "\n".join(lines)
+    if result["exempt"]:
+        lines.append(f"  exempt: {result['exempt']}")
+    lines.append(f"  workload: {result['workload']} ({result['workloadReason']})")
+    cuda = result["cudaVersion"] or "unknown"
+    lines.append(f"  cuda: {cuda}" + (f" ({result['cudaSource']})" if result["cudaSource"] else ""))
+    for v in result["violations"]:
+        lines.append(f"  {v['mode']:<7} [{v['rule']}] {v['path']}: {v['message']}")
+    for w in result["warnings"]:
+        lines.append(f"  warning: {w}")
+    if result["patch"]:
+        lines.append("  patch:")
+        for op in result["patch"]:
+            value = orjson.dumps(op.get("value")).decode() if "value" in op else ""
+            lines.append(f"    {op['op']} {op['path']} {value}".rstrip())
+    return "\n".join(lines)
 
 
 @click.command(name="evaluate")
-def evaluate() -> None:
-    """Not implemented yet."""
-    raise click.ClickException("not implemented yet")
+@click.option("-f", "--filename", "filenames", multiple=True, required=True,
+              metavar="FILE", help="YAML/JSON file (multi-document ok); '-' reads stdin.")
+@click.option("--policy", "policy_path", type=click.Path(path_type=Path, dir_okay=False),
+              default=None, help="GPUSharingPolicy file (default: the built-in policy).")
+@click.option("-n", "--namespace", default=None,
+              help="Namespace of the request (default: the object's, else 'default').")
+@click.option("--user", default="", help="Requesting user (for exemptions).")
+@click.option("--group", "groups", multiple=True, help="Requesting user's group (repeatable).")
+@click.option("--operation", type=click.Choice(["CREATE", "UPDATE"]), default="CREATE",
+              show_default=True, help="Admission operation to simulate.")
+@click.option("--stage", type=click.Choice(["mutate", "validate"]), default="mutate",
+              show_default=True, help="mutate: the mutating webhook; validate: re-check only.")
+@click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text",
+              show_default=True)
+def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace: str | None,
+             user: str, groups: tuple[str, ...], operation: str, stage: str,
+             output: str) -> None:
+    """Evaluate Pods and workloads' pod templates offline against the GPU sharing policy.
+
+    Exit code 0 when everything is allowed, 1 when anything is denied, 2 for unusable input.
+    """
+    try:
+        policy: Policy = load_policy(policy_path) if policy_path else default_policy()
+    except PolicyError as exc:
+        raise InputError(f"policy: {exc}") from None
+
+    # Parse and check every input before printing anything, so exit 2 means "nothing evaluated".
+    jobs: list[tuple[str, int, dict[str, Any], list[PodTemplate]]] = []
+    for name in filenames:
+        for index, doc in enumerate(_read_documents(name), start=1):
+            try:
+                templates = pod_templates(doc, namespace)
+            except WorkloadError as exc:
+                kind = doc.get("kind") if isinstance(doc, dict) else None
+                where = f"document {index} ({kind})" if isinstance(kind, str) and kind else (
+                    f"document {index}")
+                raise InputError(f"{name}: {where}: {exc}") from None
+            if templates:
+                jobs.append((name, index, doc, templates))
+            else:
+                click.echo(f"{name}: document {index}: skipped {doc.get('kind')} "
+                           "(no pod template)", err=True)
+    if not jobs:
+        raise InputError("no Pod or workload with a pod template in the input")
+
+    denied = False
+    yaml_docs: list[dict[str, Any]] = []
+    for name, index, doc, templates in jobs:
+        mutated = doc
+        results = []
+        for tpl in templates:
+            facts = RequestFacts(namespace=tpl.pod["metadata"]["namespace"], operation=operation,
+                                 user=user, groups=tuple(groups),
+                                 stage="validate" if stage == "validate" else "mutate")
+            decision = evaluate_pod(tpl.pod, facts, policy)
+            denied = denied or not decision.allowed
+            result = _result(name, index, doc, tpl, decision)
+            results.append(result)
+            if output == "yaml" and decision.patch:
+                mutated = with_mutated_template(mutated, tpl, apply_ops(tpl.pod, decision.patch))
+            if output == "json":
+                click.echo(orjson.dumps(result).decode())
+            elif output == "text":
+                click.echo(_text(result, tpl.label))
+        if output == "yaml":
+            for result in results:
+                yaml_docs.append({**result, "mutated": mutated})
+    if output == "yaml":
+        click.echo(yaml.dump_all(yaml_docs, Dumper=_NoAliasDumper, sort_keys=False), nl=False)
+    sys.exit(1 if denied else 0)

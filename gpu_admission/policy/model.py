@@ -1,29 +1,419 @@
-"""Placeholder contract (owner: policy engine). Replaced by the real policy model."""
+"""The ``GPUSharingPolicy`` document: a versioned YAML file validated by pydantic v2.
+
+Why a typed model: operators edit this file by hand, so every typo (``extra="forbid"``) and
+every wrong type must be caught at load time with a message that names the field path, e.g.
+``spec.nodePools[1].memoryMiB: expected an integer > 0, got "lots"``.
+
+The model is built around node pools (like Volcano's resource groups); its vocabulary is the
+NVIDIA device plugin / GPU Feature Discovery one (https://github.com/NVIDIA/k8s-device-plugin).
+Per-policy derived data (sets, modes, pool tuples) is computed once in ``model_post_init`` and
+kept in a private attribute so the hot path (``engine.evaluate``) does no pydantic work.
+
+Units: every ``...MiB`` field is in MiB (2**20 bytes), the unit of the GFD label
+``nvidia.com/gpu.memory``.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from gpu_admission.decision import Mode
+from gpu_admission.vocab import CUDA_VERSION_LABEL
+
+API_VERSION = "gpu-admission.io/v1alpha1"
+KIND = "GPUSharingPolicy"
+DEFAULT_POLICY_RESOURCE = "default-policy.yaml"
+
+SharingMode = Literal["none", "time-slicing", "mps", "mig"]
+WorkloadClass = Literal["training", "inference", "notebook"]
+
+# Rule ids, in the fixed order the engine runs them (see gpu_admission.rules).
+RULE_IDS: tuple[str, ...] = (
+    "workload-label",
+    "no-training-on-shared-gpu",
+    "scheduler-name",
+    "cuda-version-conflict",
+    "cuda-node-selector-conflict",
+    "cuda-version-unknown",
+    "memory-limit",
+    "memory-limit-unverifiable",
+)
+
+_CUDA_RE = re.compile(r"^\d{1,3}\.\d{1,3}$")
+# Kubernetes label value / qualified-name syntax (apimachinery validation.go).
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _got(value: Any) -> str:
+    """Render the offending input the way the user wrote it (JSON-ish, short)."""
+    try:
+        text = json.dumps(value, default=str)
+    except (TypeError, ValueError):  # pragma: no cover - json.dumps(default=str) is total
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _positive_int(value: Any) -> int:
+    # bool is an int subclass; YAML "yes"/"true" must not become 1.
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise PydanticCustomError("positive_int", "expected an integer > 0, got {got}",
+                                  {"got": _got(value)})
+    return value
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise PydanticCustomError("fraction", "expected a number in (0, 1], got {got}",
+                                  {"got": _got(value)})
+    return float(value)
+
+
+def _cuda_version(value: Any) -> str:
+    # YAML reads 12.10 as the float 12.1: insist on a quoted string so that cannot happen.
+    if not isinstance(value, str) or not _CUDA_RE.match(value):
+        raise PydanticCustomError(
+            "cuda_version", 'expected a quoted "<major>.<minor>" string like "12.1", got {got}',
+            {"got": _got(value)})
+    major, minor = value.split(".")
+    return f"{int(major)}.{int(minor)}"
+
+
+def _label_value(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE_RE.match(value):
+        raise PydanticCustomError(
+            "label_value", "expected a quoted Kubernetes label value, got {got}",
+            {"got": _got(value)})
+    return value
+
+
+def _strict_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise PydanticCustomError("string", "expected a string, got {got}", {"got": _got(value)})
+    return value
+
+
+PositiveInt = Annotated[int, BeforeValidator(_positive_int)]
+Fraction = Annotated[float, BeforeValidator(_fraction)]
+CudaVersion = Annotated[str, BeforeValidator(_cuda_version)]
+LabelValue = Annotated[str, BeforeValidator(_label_value)]
+StrictStr = Annotated[str, BeforeValidator(_strict_str)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Metadata(_Model):
+    name: StrictStr = "default"
+    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    annotations: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+
+
+class NodePool(_Model):
+    """A set of GPU nodes sharing one configuration (Volcano resource-group style).
+
+    A pod is *routed to* a pool when every ``nodeSelector`` label of the pool is in the
+    pod's nodeSelector (after our CUDA routing label is added) or in every required
+    node-affinity term as an ``In`` requirement.
+    """
+
+    name: StrictStr
+    node_selector: dict[StrictStr, LabelValue] = Field(alias="nodeSelector", min_length=1)
+    sharing: SharingMode = "none"
+    # Device-plugin replicas per physical GPU (timeSlicing/mps ``resources[].replicas``).
+    replicas_per_gpu: PositiveInt = Field(default=1, alias="replicasPerGPU")
+    # Memory of one physical GPU (for MIG: of one slice) in MiB, as GFD's nvidia.com/gpu.memory.
+    memory_mib: PositiveInt = Field(alias="memoryMiB")
+    cuda_version: CudaVersion | None = Field(default=None, alias="cudaVersion")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_dns_label(cls, value: str) -> str:
+        if not _DNS_LABEL_RE.match(value) or len(value) > 63:
+            raise PydanticCustomError("pool_name", "expected a DNS label (a-z, 0-9, -), got {got}",
+                                      {"got": _got(value)})
+        return value
+
+    @property
+    def shared(self) -> bool:
+        return self.sharing in ("time-slicing", "mps")
+
+    @property
+    def memory_per_replica_mib(self) -> int:
+        """MiB one pod may use: the card's memory split evenly, as the MPS daemon does."""
+        return self.memory_mib // self.replicas_per_gpu
+
+
+class MemoryEnv(_Model):
+    """Which memory-limit environment variables the memory-limit rule writes."""
+
+    nvidia_mem_limit_mb: bool = Field(default=True, alias="nvidiaMemLimitMB")
+    gpu_memory_fraction: bool = Field(default=True, alias="gpuMemoryFraction")
+    jax_mem_fraction: bool = Field(default=True, alias="jaxMemFraction")
+    tf_allow_growth: bool = Field(default=True, alias="tfAllowGrowth")
+    mps_pinned_mem_limit: bool = Field(default=True, alias="mpsPinnedMemLimit")
+
+
+class MemoryLimits(_Model):
+    # MiB per container when the pod's pool is unknown (article: NVIDIA_MEM_LIMIT_MB=16000).
+    default_memory_mib: PositiveInt = Field(default=16000, alias="defaultMemoryMiB")
+    # Share of the card when the pod's pool is unknown (article: fraction 0.2).
+    default_fraction: Fraction = Field(default=0.2, alias="defaultFraction")
+    env: MemoryEnv = Field(default_factory=MemoryEnv)
+
+
+class CudaRouting(_Model):
+    node_selector: bool = Field(default=True, alias="nodeSelector")
+    driver_affinity: bool = Field(default=False, alias="driverAffinity")
+
+
+class Classification(_Model):
+    default_workload: WorkloadClass = Field(default="inference", alias="defaultWorkload")
+    training_owner_kinds: list[StrictStr] = Field(
+        default_factory=lambda: ["PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob",
+                                 "JAXJob", "TrainJob"], alias="trainingOwnerKinds")
+    training_label_prefixes: list[StrictStr] = Field(
+        default_factory=lambda: ["training.kubeflow.org/", "trainer.kubeflow.org/"],
+        alias="trainingLabelPrefixes")
+    notebook_labels: list[StrictStr] = Field(default_factory=lambda: ["notebook-name"],
+                                             alias="notebookLabels")
+
+
+class Exemptions(_Model):
+    namespaces: list[StrictStr] = Field(default_factory=lambda: ["kube-system"])
+    users: list[StrictStr] = Field(default_factory=list)
+    groups: list[StrictStr] = Field(default_factory=list)
+
+
+class RuleModes(_Model):
+    """Enforcement mode per rule id: enforce (deny) | warn (allow + warning) | audit."""
+
+    workload_label: Mode = Field(default=Mode.WARN, alias="workload-label")
+    no_training_on_shared_gpu: Mode = Field(default=Mode.ENFORCE,
+                                            alias="no-training-on-shared-gpu")
+    scheduler_name: Mode = Field(default=Mode.WARN, alias="scheduler-name")
+    cuda_version_conflict: Mode = Field(default=Mode.ENFORCE, alias="cuda-version-conflict")
+    cuda_node_selector_conflict: Mode = Field(default=Mode.ENFORCE,
+                                              alias="cuda-node-selector-conflict")
+    cuda_version_unknown: Mode = Field(default=Mode.WARN, alias="cuda-version-unknown")
+    memory_limit: Mode = Field(default=Mode.ENFORCE, alias="memory-limit")
+    memory_limit_unverifiable: Mode = Field(default=Mode.WARN, alias="memory-limit-unverifiable")
+
+    def as_map(self) -> dict[str, Mode]:
+        return {rule: getattr(self, rule.replace("-", "_")) for rule in RULE_IDS}
+
+
+class PolicySpec(_Model):
+    scheduler_name: StrictStr | None = Field(default="gpu-aware-scheduler", alias="schedulerName")
+    node_pools: list[NodePool] = Field(default_factory=list, alias="nodePools")
+    memory_limits: MemoryLimits = Field(default_factory=MemoryLimits, alias="memoryLimits")
+    cuda_routing: CudaRouting = Field(default_factory=CudaRouting, alias="cudaRouting")
+    classification: Classification = Field(default_factory=Classification)
+    exemptions: Exemptions = Field(default_factory=Exemptions)
+    rules: RuleModes = Field(default_factory=RuleModes)
+
+    @field_validator("node_pools")
+    @classmethod
+    def _unique_pool_names(cls, pools: list[NodePool]) -> list[NodePool]:
+        seen: set[str] = set()
+        for pool in pools:
+            if pool.name in seen:
+                raise PydanticCustomError("duplicate_pool", "duplicate pool name {name}",
+                                          {"name": _got(pool.name)})
+            seen.add(pool.name)
+        return pools
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """Per-policy data the engine needs on every request, computed once per Policy."""
+
+    modes: dict[str, Mode]
+    exempt_namespaces: frozenset[str]
+    exempt_users: frozenset[str]
+    exempt_groups: frozenset[str]
+    training_kinds: frozenset[str]
+    training_prefixes: tuple[str, ...]
+    notebook_labels: tuple[str, ...]
+    pools: tuple[NodePool, ...]
+    pool_selectors: tuple[tuple[NodePool, tuple[tuple[str, str], ...]], ...]
+    # pools whose selector has a label besides gpu-admission.io/cuda-version (explicit choice)
+    explicit_pools: tuple[tuple[NodePool, tuple[tuple[str, str], ...]], ...]
+    digest: str
+
+
+class Policy(_Model):
+    """The GPUSharingPolicy document (``apiVersion: gpu-admission.io/v1alpha1``)."""
+
+    api_version: Literal["gpu-admission.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["GPUSharingPolicy"]
+    metadata: Metadata = Field(default_factory=Metadata)
+    spec: PolicySpec = Field(default_factory=PolicySpec)
+
+    @functools.cached_property
+    def compiled(self) -> Compiled:
+        """Derived lookup data, computed once per (immutable) policy and then a dict lookup."""
+        spec = self.spec
+        canonical = json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True,
+                               separators=(",", ":"))
+        selectors = tuple((p, tuple(sorted(p.node_selector.items()))) for p in spec.node_pools)
+        return Compiled(
+            modes=spec.rules.as_map(),
+            exempt_namespaces=frozenset(spec.exemptions.namespaces),
+            exempt_users=frozenset(spec.exemptions.users),
+            exempt_groups=frozenset(spec.exemptions.groups),
+            training_kinds=frozenset(spec.classification.training_owner_kinds),
+            training_prefixes=tuple(spec.classification.training_label_prefixes),
+            notebook_labels=tuple(spec.classification.notebook_labels),
+            pools=tuple(spec.node_pools),
+            pool_selectors=selectors,
+            explicit_pools=tuple(s for s in selectors
+                                 if any(k != CUDA_VERSION_LABEL for k, _ in s[1])),
+            digest="sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16],
+        )
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None,
+                   deep: bool = False) -> Policy:
+        """Copy without the cached :attr:`compiled` data (``update`` may change the policy).
+
+        Note that ``update`` is not validated (pydantic semantics); prefer
+        :func:`policy_from_dict` for policies built in code.
+        """
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop("compiled", None)
+        return copied
+
+    @property
+    def digest(self) -> str:
+        """Short stable hash of the policy content, for audit records.
+
+        ``sha256:`` + 16 hex digits of the canonical (sorted-key) JSON of the validated
+        policy, so two files that differ only in comments, order or defaults-left-out hash alike.
+        """
+        return self.compiled.digest
+
+    def mode(self, rule: str) -> Mode:
+        return self.compiled.modes[rule]
 
 
 class PolicyError(ValueError):
     """A policy file that cannot be used; the message names the field path."""
 
 
-class Policy(BaseModel):
-    """The GPUSharingPolicy document."""
+def _loc_path(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", item):
+            parts.append(("." if parts else "") + item)
+        else:  # map keys like "nvidia.com/gpu.product" or rule ids with '-'
+            parts.append(f"[{json.dumps(item)}]" if parts else item)
+    return "".join(parts) or "(document)"
 
-    @property
-    def digest(self) -> str:
-        """Short stable hash of the policy content, for audit records."""
-        raise NotImplementedError
+
+def _error_message(err: Any) -> str:
+    kind = err["type"]
+    got = _got(err.get("input"))
+    ctx = err.get("ctx") or {}
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        return "unknown field (check the spelling; see docs/policy.md)"
+    if kind == "literal_error":
+        return f"expected {ctx.get('expected', 'one of the allowed values')}, got {got}"
+    if kind == "enum":
+        return f"expected {ctx.get('expected', 'one of the allowed values')}, got {got}"
+    if kind in {"bool_type", "bool_parsing"}:
+        return f"expected true or false, got {got}"
+    if kind in {"dict_type", "model_type", "model_attributes_type"}:
+        return f"expected a mapping, got {got}"
+    if kind in {"list_type", "tuple_type"}:
+        return f"expected a list, got {got}"
+    if kind == "too_short":
+        return f"expected at least {ctx.get('min_length', 1)} entries, got {got}"
+    if kind in {"string_type", "str_type"}:
+        return f"expected a string, got {got}"
+    # Our own PydanticCustomError messages already say "expected ..., got ...".
+    return str(err["msg"])
 
 
-def default_policy() -> Policy:
-    raise NotImplementedError
+def format_validation_error(exc: ValidationError, source: str = "") -> str:
+    """One clear message per pydantic error: ``<field path>: expected ..., got ...``."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p and "(" in p))
+        lines.append(f"{_loc_path(loc)}: {_error_message(err)}")
+    prefix = f"{source}: " if source else ""
+    if len(lines) == 1:
+        return prefix + lines[0]
+    return prefix + f"{len(lines)} problems:\n  " + "\n  ".join(lines)
+
+
+def policy_from_dict(data: Any, source: str = "") -> Policy:
+    """Validate an already-parsed document; raise :class:`PolicyError` naming the field."""
+    prefix = f"{source}: " if source else ""
+    if not isinstance(data, dict):
+        raise PolicyError(f"{prefix}expected a {KIND} mapping, got {_got(data)}")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(format_validation_error(exc, source)) from None
+
+
+def policy_from_yaml(text: str, source: str = "") -> Policy:
+    """Parse (YAML safe loader, single document) and validate a policy."""
+    prefix = f"{source}: " if source else ""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PolicyError(f"{prefix}invalid YAML: {where}{problem}") from None
+    if len(docs) != 1:
+        raise PolicyError(f"{prefix}expected exactly one {KIND} document, found {len(docs)}")
+    return policy_from_dict(docs[0], source)
 
 
 def load_policy(path: Path) -> Policy:
     """Read and validate a policy file; raise PolicyError naming the field on bad input."""
-    raise NotImplementedError
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read policy file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: policy file is not UTF-8 text") from None
+    return policy_from_yaml(text, str(path))
+
+
+def default_policy_text() -> str:
+    """The YAML of the built-in default policy (package data)."""
+    return (resources.files("gpu_admission") / "data" / DEFAULT_POLICY_RESOURCE).read_text(
+        encoding="utf-8")
+
+
+@functools.cache
+def default_policy() -> Policy:
+    """The built-in default policy (parsed once; Policy is frozen so sharing it is safe)."""
+    return policy_from_yaml(default_policy_text(), "built-in default policy")

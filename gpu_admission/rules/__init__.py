@@ -1,0 +1,24 @@
+"""The policy rules, one per module, run in a fixed order by :func:`gpu_admission.engine.evaluate`.
+
+Order matters only for readability of the output (every rule runs; all violations are kept):
+workload label, training placement, scheduler, CUDA routing, memory limits.
+"""
+
+from __future__ import annotations
+
+from gpu_admission.rules.base import Context, GpuContainer, Rule
+from gpu_admission.rules.cuda_routing import CudaRouting
+from gpu_admission.rules.memory import MemoryLimit
+from gpu_admission.rules.scheduler import SchedulerName
+from gpu_admission.rules.training import NoTrainingOnSharedGpu
+from gpu_admission.rules.workload_label import WorkloadLabel
+
+RULES: tuple[Rule, ...] = (
+    WorkloadLabel(),
+    NoTrainingOnSharedGpu(),
+    SchedulerName(),
+    CudaRouting(),
+    MemoryLimit(),
+)
+
+__all__ = ["RULES", "Context", "GpuContainer", "Rule"]

@@ -1,0 +1,251 @@
+"""The one place that writes RFC 6902 (JSON Patch) operations against a Pod.
+
+Why a builder instead of ``jsonpatch.make_patch(pod, mutated_copy)``: a deep copy plus the diff
+costs more than the whole decision (the budget is 50 µs per pod for decision + patch) and
+jsonpatch's list diff is unreliable on lists of equal items (python-json-patch issues #160,
+#179). Rules *declare* what they want (an env
+var upserted by name, a nodeSelector label, a node-affinity requirement, ...); :meth:`ops`
+renders the minimal operations against the pod as received, reading it but never modifying it.
+
+RFC 6902 details handled here (https://www.rfc-editor.org/rfc/rfc6902):
+
+* ``add`` needs the parent to exist, so a missing ``env`` array / ``nodeSelector`` map /
+  ``affinity`` object is added whole (section 4.1: "the target location MUST reference ... a
+  member to add to an existing object").
+* ``add`` on an existing object member replaces it; ``/-`` appends to an array.
+* Keys are escaped per RFC 6901 section 3 (``~`` -> ``~0``, ``/`` -> ``~1``); label keys such as
+  ``gpu-admission.io/cuda-version`` contain ``/``.
+
+Node-affinity semantics (https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/):
+``nodeSelectorTerms`` are ORed and the ``matchExpressions`` of one term are ANDed, so a
+requirement that must always hold is added to *every* term, and an OR-group of alternatives
+is distributed over the terms (cross product).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+Op = dict[str, Any]
+Term = dict[str, Any]
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_REQUIRED_PTR = "/spec/affinity/nodeAffinity/" + REQUIRED
+
+
+def escape(token: str) -> str:
+    """RFC 6901 reference token: ``~`` -> ``~0`` first, then ``/`` -> ``~1``."""
+    if "~" in token or "/" in token:
+        return token.replace("~", "~0").replace("/", "~1")
+    return token
+
+
+def _mapping(value: Any) -> Mapping[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+class PatchBuilder:
+    """Collects declared changes to one pod; :meth:`ops` renders them as RFC 6902 operations.
+
+    The builder never mutates the pod. Values placed in the operations are fresh objects (the
+    pod's own sub-objects are copied shallowly where they are re-emitted).
+    """
+
+    __slots__ = ("_alternatives", "_env", "_node_selector", "_pod",
+                 "_requirements", "_scheduler")
+
+    def __init__(self, pod: Mapping[str, Any]) -> None:
+        self._pod = pod
+        self._scheduler: str | None = None
+        self._node_selector: dict[str, str] = {}
+        # (kind, index) -> {env name: value}; kind is "containers" or "initContainers"
+        self._env: dict[tuple[str, int], dict[str, str]] = {}
+        self._requirements: list[dict[str, Any]] = []
+        self._alternatives: list[tuple[list[list[dict[str, Any]]], Callable[[Term], bool]]] = []
+
+    # --- declarations --------------------------------------------------------------
+    def set_scheduler_name(self, name: str) -> None:
+        self._scheduler = name
+
+    def set_node_selector(self, key: str, value: str) -> None:
+        self._node_selector[key] = value
+
+    def upsert_env(self, kind: str, index: int, name: str, value: str) -> None:
+        """Set env var ``name`` of ``spec.<kind>[index]`` to a literal ``value`` (by name)."""
+        self._env.setdefault((kind, index), {})[name] = value
+
+    def require_node_expression(self, requirement: dict[str, Any]) -> None:
+        """AND ``requirement`` into every required node-affinity term (skipped where present)."""
+        if requirement not in self._requirements:
+            self._requirements.append(requirement)
+
+    def require_any_node_terms(self, alternatives: list[list[dict[str, Any]]],
+                               present: Callable[[Term], bool]) -> None:
+        """AND the OR-group ``alternatives`` into every term for which ``present`` is false."""
+        self._alternatives.append((alternatives, present))
+
+    @property
+    def empty(self) -> bool:
+        return not (self._scheduler is not None or self._node_selector or self._env
+                    or self._requirements or self._alternatives)
+
+    # --- rendering -----------------------------------------------------------------
+    def ops(self) -> list[Op]:
+        """The RFC 6902 operations, in a fixed order: scheduler, selector, affinity, env."""
+        pod = self._pod
+        spec = _mapping(pod.get("spec")) or {}
+        out: list[Op] = []
+        if self._scheduler is not None and spec.get("schedulerName") != self._scheduler:
+            out.append({"op": "add", "path": "/spec/schedulerName", "value": self._scheduler})
+        if self._node_selector:
+            _map_ops(out, "/spec/nodeSelector", _mapping(spec.get("nodeSelector")),
+                     self._node_selector)
+        if self._requirements or self._alternatives:
+            self._affinity_ops(out, spec)
+        for (kind, index), wanted in self._env.items():
+            _env_ops(out, kind, index, spec, wanted)
+        return out
+
+    def annotation_ops(self, key: str, value: str) -> list[Op]:
+        """Operations setting one ``metadata.annotations`` entry (rendered on its own so the
+        engine can first see whether anything else changes)."""
+        meta = _mapping(self._pod.get("metadata"))
+        out: list[Op] = []
+        if meta is None:
+            out.append({"op": "add", "path": "/metadata", "value": {"annotations": {key: value}}})
+        else:
+            _map_ops(out, "/metadata/annotations", _mapping(meta.get("annotations")),
+                     {key: value})
+        return out
+
+    def _affinity_ops(self, out: list[Op], spec: Mapping[str, Any]) -> None:
+        affinity = _mapping(spec.get("affinity"))
+        node_affinity = _mapping(affinity.get("nodeAffinity")) if affinity else None
+        required = _mapping(node_affinity.get(REQUIRED)) if node_affinity else None
+        raw_terms = required.get("nodeSelectorTerms") if required else None
+        terms: list[Mapping[str, Any]] = (
+            [t for t in raw_terms if isinstance(t, dict)]
+            if isinstance(raw_terms, list) else [])
+        had_terms = bool(terms) and len(terms) == len(raw_terms or [])
+        base: list[Term] = [dict(t) for t in terms] if had_terms else [{}]
+        crossed = False
+        for alternatives, present in self._alternatives:
+            new_base: list[Term] = []
+            for term in base:
+                if present(term):
+                    new_base.append(term)
+                    continue
+                crossed = True
+                for alt in alternatives:
+                    new_base.append({**term, "matchExpressions": [
+                        *_expressions(term), *(_copy_expr(e) for e in alt)]})
+            base = new_base
+        appended: list[list[dict[str, Any]]] = []
+        for term in base:
+            exprs = _expressions(term)
+            extra = [_copy_expr(r) for r in self._requirements if r not in exprs]
+            appended.append(extra)
+            if extra:
+                term["matchExpressions"] = [*exprs, *extra]
+        if not crossed and not any(appended) and had_terms:
+            return
+        new_required = {"nodeSelectorTerms": [_fresh_term(t) for t in base]}
+        if affinity is None:
+            out.append({"op": "add", "path": "/spec/affinity",
+                        "value": {"nodeAffinity": {REQUIRED: new_required}}})
+        elif node_affinity is None:
+            out.append({"op": "add", "path": "/spec/affinity/nodeAffinity",
+                        "value": {REQUIRED: new_required}})
+        elif required is None:
+            out.append({"op": "add", "path": _REQUIRED_PTR, "value": new_required})
+        elif crossed or not had_terms:
+            out.append({"op": "add", "path": _REQUIRED_PTR + "/nodeSelectorTerms",
+                        "value": new_required["nodeSelectorTerms"]})
+        else:
+            for index, (old, extra) in enumerate(zip(terms, appended, strict=True)):
+                if not extra:
+                    continue
+                ptr = f"{_REQUIRED_PTR}/nodeSelectorTerms/{index}/matchExpressions"
+                if isinstance(old.get("matchExpressions"), list):
+                    out.extend({"op": "add", "path": ptr + "/-", "value": e} for e in extra)
+                else:
+                    out.append({"op": "add", "path": ptr, "value": extra})
+
+
+def _expressions(term: Mapping[str, Any]) -> list[dict[str, Any]]:
+    exprs = term.get("matchExpressions")
+    return list(exprs) if isinstance(exprs, list) else []
+
+
+def _copy_expr(expr: Any) -> Any:
+    """Copy a node-selector requirement two levels deep (its ``values`` list included)."""
+    if not isinstance(expr, dict):
+        return expr
+    return {k: list(v) if isinstance(v, list) else v for k, v in expr.items()}
+
+
+def _fresh_term(term: Mapping[str, Any]) -> Term:
+    out: Term = {}
+    for key, value in term.items():
+        out[key] = [_copy_expr(v) for v in value] if isinstance(value, list) else value
+    return out
+
+
+def _map_ops(out: list[Op], pointer: str, current: Mapping[str, Any] | None,
+             wanted: Mapping[str, str]) -> None:
+    """Set string members of a map; add the whole map when it is absent (or null)."""
+    if current is None:
+        out.append({"op": "add", "path": pointer, "value": dict(wanted)})
+        return
+    for key, value in wanted.items():
+        if current.get(key) != value:
+            out.append({"op": "add", "path": f"{pointer}/{escape(key)}", "value": value})
+
+
+def _env_ops(out: list[Op], kind: str, index: int, spec: Mapping[str, Any],
+             wanted: Mapping[str, str]) -> None:
+    """Upsert env vars by name: replace the (last) entry with that name, else append."""
+    containers = spec.get(kind)
+    container = containers[index] if isinstance(containers, Sequence) else {}
+    env = container.get("env") if isinstance(container, dict) else None
+    base = f"/spec/{kind}/{index}/env"
+    if not isinstance(env, list):
+        out.append({"op": "add", "path": base,
+                    "value": [{"name": n, "value": v} for n, v in wanted.items()]})
+        return
+    position: dict[str, int] = {}
+    for i, entry in enumerate(env):
+        if entry.__class__ is dict:
+            name = entry.get("name")
+            if name.__class__ is str and name in wanted:
+                position[name] = i  # the last duplicate is the one that takes effect
+    for name, value in wanted.items():
+        at = position.get(name)
+        if at is None:
+            out.append({"op": "add", "path": base + "/-", "value": {"name": name, "value": value}})
+        elif env[at].get("value") != value or "valueFrom" in env[at]:
+            out.append({"op": "replace", "path": f"{base}/{at}",
+                        "value": {"name": name, "value": value}})
+
+
+def changed_fields(ops: Sequence[Op]) -> list[str]:
+    """Short names of the pod fields some operation touches, in order, e.g.
+    ``spec.schedulerName``, ``spec.containers[0].env``, ``metadata.annotations``."""
+    fields: dict[str, None] = {}
+    for op in ops:
+        parts = op["path"].split("/")[1:]
+        if parts[0] == "spec" and len(parts) >= 4 and parts[1] in ("containers", "initContainers"):
+            fields[f"spec.{parts[1]}[{parts[2]}].{parts[3]}"] = None
+        elif parts[0] == "metadata":
+            fields["metadata.annotations"] = None
+        else:
+            fields[".".join(parts[:2])] = None
+    return list(fields)
+
+
+def apply_ops(doc: Any, ops: Sequence[Op]) -> Any:
+    """Apply operations with jsonpatch (tests, the CLI's ``-o yaml``); returns a new document."""
+    import jsonpatch  # noqa: PLC0415 - only needed off the hot path
+
+    return jsonpatch.apply_patch(doc, list(ops), in_place=False)

@@ -1,0 +1,87 @@
+"""What every rule sees (:class:`Context`) and the small protocol it implements (:class:`Rule`).
+
+The engine analyses the pod once (GPU containers, workload class, CUDA version, node pool,
+time-sliced targets) into a :class:`Context`; each rule then reads it, reports violations with
+:meth:`Context.violate` and, only when the request may be mutated, declares changes on
+``ctx.patch`` (a :class:`~gpu_admission.patch.PatchBuilder`, ``None`` when validating).
+Rules never stop at the first problem: every violation is collected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpu_admission.decision import Mode, RequestFacts, Violation
+from gpu_admission.patch import PatchBuilder
+from gpu_admission.policy.model import Compiled, NodePool, Policy
+
+
+@dataclass(slots=True)
+class GpuContainer:
+    """A container or init container that requests or limits a GPU resource."""
+
+    kind: str  # "containers" | "initContainers"
+    index: int
+    container: Mapping[str, Any]
+    resources: dict[str, Any]  # GPU resource name -> quantity (limits win over requests)
+    shared: bool  # a ".shared" resource (time-slicing/MPS with renameByDefault)
+    mig: bool  # a nvidia.com/mig-* resource
+
+    @property
+    def path(self) -> str:
+        return f"spec.{self.kind}[{self.index}]"
+
+    @property
+    def gpu_count(self) -> int:
+        total = 0
+        for quantity in self.resources.values():
+            try:
+                total += int(str(quantity))
+            except ValueError:
+                total += 1
+        return max(total, 1)
+
+
+@dataclass(slots=True)
+class Context:
+    """The analysed pod plus the sinks for violations and changes."""
+
+    pod: Mapping[str, Any]
+    spec: Mapping[str, Any]
+    facts: RequestFacts
+    policy: Policy
+    compiled: Compiled
+    patch: PatchBuilder | None  # None: validate stage / UPDATE -> report only
+    gpu_containers: list[GpuContainer]
+    labels: Mapping[str, Any]
+    workload: str
+    workload_reason: str
+    bad_workload_label: str | None  # the invalid label value, if any
+    cuda_version: str | None
+    cuda_source: str
+    cuda_conflict: dict[str, list[str]]  # version -> container paths (only when >1 version)
+    cuda_label_invalid: str | None
+    node_selector: Mapping[str, Any]  # the pod's own nodeSelector ({} when absent)
+    required_terms: list[Mapping[str, Any]]  # required node-affinity terms as sent
+    pool: NodePool | None
+    shared_reasons: list[tuple[str, str]]  # (field path, why it targets a time-sliced GPU)
+    mig: bool
+    violations: list[Violation] = field(default_factory=list)
+
+    def violate(self, rule: str, path: str, message: str) -> None:
+        """Record a violation of ``rule`` in the mode the policy sets for it."""
+        self.violations.append(Violation(rule, path, message, self.compiled.modes[rule]))
+
+    def mode(self, rule: str) -> Mode:
+        return self.compiled.modes[rule]
+
+
+class Rule(Protocol):
+    """One policy rule. ``ids`` lists the rule ids it may report (keys of ``spec.rules``)."""
+
+    ids: tuple[str, ...]
+
+    def check(self, ctx: Context) -> None:
+        """Report violations on ``ctx`` and, when ``ctx.patch`` is set, declare changes."""

@@ -1,0 +1,181 @@
+"""Rules ``memory-limit`` and ``memory-limit-unverifiable``: GPU memory caps for shared cards.
+
+Why (seed article, option 1): time-slicing has no memory isolation; if pod A takes 70 GB of an
+80 GB card, pod B OOMs. So every GPU container of a pod that shares a card (non-training, not
+MIG, not routed to a ``sharing: none`` pool) gets env vars that real runtimes honour, upserted
+by name (sources: ``shared/reference/gpu-facts.md`` section 4):
+
+==================================== =========================================================
+``NVIDIA_MEM_LIMIT_MB``              the article's convention; value = MiB (2**20 bytes) count.
+                                     Not read by any NVIDIA component: the app must read it.
+``GPU_MEMORY_FRACTION``              our convention: the 0-1 value the app passes to
+                                     ``torch.cuda.set_per_process_memory_fraction``
+                                     (https://pytorch.org/docs/stable/generated/torch.cuda.set_per_process_memory_fraction.html);
+                                     PyTorch has no env var for it, so the app must read it.
+``XLA_CLIENT_MEM_FRACTION``          JAX preallocation share of total GPU memory
+``XLA_PYTHON_CLIENT_MEM_FRACTION``   its deprecated alias, still read by older JAX
+                                     (https://docs.jax.dev/en/latest/gpu_memory_allocation.html)
+``TF_FORCE_GPU_ALLOW_GROWTH=true``   TensorFlow grows on demand instead of mapping ~all memory
+                                     (https://www.tensorflow.org/guide/gpu)
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` ``<dev>=<MiB>M`` per device, MPS pools only: the CUDA driver
+                                     caps the MPS client (https://docs.nvidia.com/deploy/mps/)
+==================================== =========================================================
+
+Values come from the pod's pool (``memoryMiB // replicasPerGPU`` MiB, fraction
+``1/replicasPerGPU``) when known, else ``spec.memoryLimits.defaultMemoryMiB`` /
+``defaultFraction``. A container that already sets a lower (or equal) limit keeps it; a higher or
+unparsable one is a ``memory-limit`` violation. A ``valueFrom`` entry cannot be compared at
+admission time: it is kept and reported as ``memory-limit-unverifiable``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from gpu_admission.rules.base import Context, GpuContainer
+
+LIMIT: Final = "memory-limit"
+UNVERIFIABLE: Final = "memory-limit-unverifiable"
+
+NVIDIA_MEM_LIMIT_MB: Final = "NVIDIA_MEM_LIMIT_MB"
+GPU_MEMORY_FRACTION: Final = "GPU_MEMORY_FRACTION"
+XLA_CLIENT_MEM_FRACTION: Final = "XLA_CLIENT_MEM_FRACTION"
+XLA_PYTHON_CLIENT_MEM_FRACTION: Final = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+TF_FORCE_GPU_ALLOW_GROWTH: Final = "TF_FORCE_GPU_ALLOW_GROWTH"
+CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+# "<dev>=<size>" with size like 4096M, 4G, 512MB, 1GiB (binary units; bare number = MiB).
+_MPS_ENTRY = re.compile(r"^\s*(\d+)\s*=\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNIT_MIB: Final = {"": 1.0, "k": 1 / 1024, "m": 1.0, "g": 1024.0, "t": 1024.0 * 1024}
+
+
+def format_fraction(value: float) -> str:
+    """Round *down* to 3 decimals so the written share never exceeds the allowed one."""
+    floored = math.floor(value * 1000 + 1e-9) / 1000
+    return f"{floored:.3f}".rstrip("0").rstrip(".")
+
+
+def _int_ok(limit: int) -> Callable[[str], bool | None]:
+    def check(value: str) -> bool | None:
+        try:
+            number = int(value.strip())
+        except ValueError:
+            return None
+        return 0 < number <= limit
+    return check
+
+
+def _fraction_ok(limit: float) -> Callable[[str], bool | None]:
+    def check(value: str) -> bool | None:
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+        if math.isnan(number):
+            return None
+        return 0 < number <= limit + 1e-9
+    return check
+
+
+def _true_ok(value: str) -> bool | None:
+    return value.strip().lower() == "true"
+
+
+def _mps_ok(limit_mib: int) -> Callable[[str], bool | None]:
+    def check(value: str) -> bool | None:
+        entries = [e for e in value.split(",") if e.strip()]
+        if not entries:
+            return None
+        for entry in entries:
+            match = _MPS_ENTRY.match(entry)
+            if match is None:
+                return None
+            mib = float(match.group(2)) * _UNIT_MIB[match.group(3).lower()]
+            if not 0 < mib <= limit_mib:
+                return False
+        return True
+    return check
+
+
+class MemoryLimit:
+    ids: tuple[str, ...] = (LIMIT, UNVERIFIABLE)
+
+    def check(self, ctx: Context) -> None:
+        if ctx.workload == "training" or ctx.mig or not ctx.gpu_containers:
+            return
+        pool = ctx.pool
+        if pool is not None and not pool.shared:
+            return  # a dedicated (sharing none) or MIG pool: the card is not time-shared
+        limits = ctx.policy.spec.memory_limits
+        if pool is not None:
+            mem_mib = pool.memory_per_replica_mib
+            fraction = 1 / pool.replicas_per_gpu
+            source = f"pool {pool.name}"
+        else:
+            mem_mib = limits.default_memory_mib
+            fraction = limits.default_fraction
+            source = "policy default"
+        fraction_text = format_fraction(fraction)
+        switches = limits.env
+        for gc in ctx.gpu_containers:
+            if gc.mig:
+                continue
+            wanted: list[tuple[str, str, Callable[[str], bool | None], str]] = []
+            if switches.nvidia_mem_limit_mb:
+                wanted.append((NVIDIA_MEM_LIMIT_MB, str(mem_mib), _int_ok(mem_mib),
+                               f"<= {mem_mib} (MiB)"))
+            if switches.gpu_memory_fraction:
+                wanted.append((GPU_MEMORY_FRACTION, fraction_text, _fraction_ok(fraction),
+                               f"<= {fraction_text}"))
+            if switches.jax_mem_fraction:
+                for name in (XLA_CLIENT_MEM_FRACTION, XLA_PYTHON_CLIENT_MEM_FRACTION):
+                    wanted.append((name, fraction_text, _fraction_ok(fraction),
+                                   f"<= {fraction_text}"))
+            if switches.tf_allow_growth:
+                wanted.append((TF_FORCE_GPU_ALLOW_GROWTH, "true", _true_ok, "true"))
+            if switches.mps_pinned_mem_limit and pool is not None and pool.sharing == "mps":
+                value = ",".join(f"{d}={mem_mib}M" for d in range(gc.gpu_count))
+                wanted.append((CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, value, _mps_ok(mem_mib),
+                               f"<= {mem_mib}M per device"))
+            self._container(ctx, gc, wanted, source)
+
+    @staticmethod
+    def _container(ctx: Context, gc: GpuContainer,
+                   wanted: list[tuple[str, str, Callable[[str], bool | None], str]],
+                   source: str) -> None:
+        env = gc.container.get("env")
+        existing: dict[str, tuple[int, Mapping[str, Any]]] = {}
+        if isinstance(env, list) and env:
+            names = {w[0] for w in wanted}
+            for i, entry in enumerate(env):
+                # only our variables matter; pods with hundreds of env vars stay cheap
+                if entry.__class__ is dict:
+                    name = entry.get("name")
+                    if name.__class__ is str and name in names:
+                        existing[name] = (i, entry)
+        for name, value, ok, expected in wanted:
+            found = existing.get(name)
+            if found is not None:
+                i, entry = found
+                path = f"{gc.path}.env[{i}]"
+                if entry.get("valueFrom") is not None:
+                    ctx.violate(UNVERIFIABLE, path,
+                                f"{name} uses valueFrom; cannot check it is {expected}")
+                    continue
+                current = entry.get("value")
+                if isinstance(current, str) and current.strip():
+                    verdict = ok(current)
+                    if verdict:
+                        continue  # a limit at or below the allowed one: keep it
+                    ctx.violate(LIMIT, path,
+                                f"{name}={current[:20]!r} exceeds the GPU memory allowed on a "
+                                f"shared GPU ({source}): must be {expected}"
+                                if verdict is False else
+                                f"{name}={current[:20]!r} is not a valid value; expected "
+                                f"{expected} ({source})")
+                    continue
+            if ctx.patch is not None:
+                ctx.patch.upsert_env(gc.kind, gc.index, name, value)

@@ -1,0 +1,36 @@
+"""Rule ``scheduler-name``: GPU pods go to the GPU-aware scheduler profile.
+
+Why (seed article, option 2): scheduler-plugins' ``TargetLoadPacking`` packs work onto GPUs
+that are already partly used; it runs as a second profile (default name
+``gpu-aware-scheduler``), selected by ``spec.schedulerName``
+(https://kubernetes.io/docs/tasks/extend-kubernetes/configure-multiple-schedulers/).
+A pod whose ``schedulerName`` is empty or ``default-scheduler`` gets the policy's scheduler; a
+pod naming another scheduler keeps it (reported, default mode warn); a pod with ``nodeName``
+set bypasses scheduling and is left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gpu_admission.rules.base import Context
+from gpu_admission.vocab import DEFAULT_SCHEDULER
+
+RULE: Final = "scheduler-name"
+
+
+class SchedulerName:
+    ids: tuple[str, ...] = (RULE,)
+
+    def check(self, ctx: Context) -> None:
+        target = ctx.policy.spec.scheduler_name
+        if not target or ctx.spec.get("nodeName"):
+            return
+        current = ctx.spec.get("schedulerName")
+        if current in (None, "", DEFAULT_SCHEDULER):
+            if ctx.patch is not None:
+                ctx.patch.set_scheduler_name(target)
+            return
+        if current != target:
+            ctx.violate(RULE, "spec.schedulerName",
+                        f"keeps scheduler {str(current)[:40]!r}, not {target!r} (GPU packing off)")
