@@ -50,6 +50,7 @@ DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024  # 100 MiB per file before rotating
 DEFAULT_BACKUPS: Final = 5  # rotated files kept: audit.log.1 … audit.log.5
 DEFAULT_QUEUE_SIZE: Final = 10_000  # records; ~1 KiB each → ~10 MiB worst-case buffer
 MAX_BATCH: Final = 512  # records joined into one os.write
+BATCH_WINDOW_S: Final = 0.005  # seconds the writer waits after a wake-up so records batch up
 LOG_EVERY_S: Final = 10.0  # at most one error log line per kind per 10 s
 STDOUT: Final = "-"
 DEFAULT_CLOSE_TIMEOUT: Final = 10.0  # seconds; below the default 30 s grace period
@@ -224,6 +225,11 @@ class DecisionLog:
             while True:
                 item = self._queue.get()
                 stop = item is _STOP
+                if not stop:
+                    # Let a batch gather: waking this thread (and taking the GIL from the
+                    # event loop) once per record cost ~135 us of CPU per request under load.
+                    # Records wait at most BATCH_WINDOW_S; the request path never waits.
+                    time.sleep(BATCH_WINDOW_S)
                 batch: list[bytes] = [] if stop else [item]  # type: ignore[list-item]
                 while not stop and len(batch) < MAX_BATCH:
                     try:
