@@ -43,7 +43,7 @@ from gpu_admission.auditlog.writer import DecisionLog
 from gpu_admission.decision import RequestFacts
 from gpu_admission.engine import evaluate
 from gpu_admission.policy.model import Policy, load_policy, policy_from_yaml
-from gpu_admission.server.logs import make_logger
+from gpu_admission.server.logs import info_writer, make_logger
 from gpu_admission.server.metrics import Metrics
 from gpu_admission.server.wire import encode_response, parse_review, sanitize_warnings
 
@@ -108,7 +108,8 @@ def components(policy: Policy, work: Path, *, repeat: int = 9) -> dict[str, floa
     - ``render``: ``wire.encode_response`` with warnings and audit annotations;
     - ``audit_record`` + ``audit_enqueue``: ``decision_record`` and ``DecisionLog.write``
       (a file target; the writer thread's own work is not in this figure);
-    - ``log_line``: one structlog JSON line per request, to a file;
+    - ``log_line``: the per-request JSON line as the server writes it (the structlog
+      logger's fast path :func:`~gpu_admission.server.logs.info_writer`), to a file;
     - ``metrics``: request counter + latency histogram + decision counter.
     """
     bodies = [(orjson.dumps(review(k.build())), k.weight) for k in KINDS]
@@ -116,7 +117,10 @@ def components(policy: Policy, work: Path, *, repeat: int = 9) -> dict[str, floa
     log_file = (work / "micro-log.jsonl").open("wb")
     logger = make_logger("info", log_file)
     metrics = Metrics()
-    audit = DecisionLog.open(str(work / "micro-audit.jsonl"), registry=metrics.registry)
+    # A queue larger than the records written here: the writer drains every 50 ms, and the
+    # loop below enqueues faster than any server answers.
+    audit = DecisionLog.open(str(work / "micro-audit.jsonl"), registry=metrics.registry,
+                             queue_size=200_000)
     out: dict[str, float] = {}
 
     def mix_us(step: Callable[[bytes], object]) -> float:
@@ -155,11 +159,15 @@ def components(policy: Policy, work: Path, *, repeat: int = 9) -> dict[str, floa
     def enqueue(b: bytes) -> None:
         audit.write(records[b])
 
+    write_info = info_writer(logger)
+    assert write_info is not None
+
     def log_line(b: bytes) -> None:
         r = decided[b][0]
-        logger.info("review", path="/mutate", code=200, duration_ms=0.5, uid=r.uid,
-                    namespace=r.namespace, pod=r.name, operation=r.operation, user=r.user,
-                    dry_run=r.dry_run, api_version=r.api_version, decision="allowed")
+        write_info("review", {"path": "/mutate", "code": 200, "duration_ms": 0.5, "uid": r.uid,
+                              "namespace": r.namespace, "pod": r.name,
+                              "operation": r.operation, "user": r.user, "dry_run": r.dry_run,
+                              "api_version": r.api_version, "decision": "allowed"})
 
     def observe(_: bytes) -> None:
         metrics.observe_request("/mutate", 200, 0.0005)

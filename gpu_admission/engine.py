@@ -52,6 +52,8 @@ def is_gpu_resource(name: str) -> bool:
 
 
 def _zero(quantity: Any) -> bool:
+    if quantity.__class__ is int:  # the common case (JSON numbers): no string work
+        return bool(quantity == 0)
     return quantity == 0 or (isinstance(quantity, str) and quantity.strip() in {"0", ""})
 
 
@@ -66,7 +68,9 @@ def _gpu_resources(container: Mapping[str, Any]) -> dict[str, Any] | None:
         values = resources.get(key)
         if isinstance(values, dict):
             for name, quantity in values.items():
-                if isinstance(name, str) and is_gpu_resource(name) and not _zero(quantity):
+                # is_gpu_resource, inlined: this loop sees every resource of every container
+                if ((name in _FULL_GPU_RESOURCES or (name.__class__ is str and name.startswith(
+                        MIG_RESOURCE_PREFIX))) and not _zero(quantity)):
                     if found is None:
                         found = {}
                     found[name] = quantity
@@ -89,10 +93,11 @@ def gpu_containers(spec: Mapping[str, Any]) -> list[GpuContainer]:
                 continue
             found = _gpu_resources(container)
             if found:
-                out.append(GpuContainer(
-                    kind, index, container, found,
-                    shared=any(n.endswith(SHARED_SUFFIX) for n in found),
-                    mig=any(n.startswith(MIG_RESOURCE_PREFIX) for n in found)))
+                shared = mig = False
+                for name in found:
+                    shared = shared or name.endswith(SHARED_SUFFIX)
+                    mig = mig or name.startswith(MIG_RESOURCE_PREFIX)
+                out.append(GpuContainer(kind, index, container, found, shared=shared, mig=mig))
     return out
 
 
@@ -158,15 +163,23 @@ def _find_pool(compiled: Compiled, own: Mapping[str, Any], routed: Mapping[str, 
     The pod's explicit choice wins over our routing, and the answer is the same for the pod
     and for its patched self (idempotence): the routing label only ever decides in pass 3.
     """
+    # Plain loops with for/else: this runs for every GPU pod and a generator per pool and
+    # pass cost more than the comparisons themselves.
     for pool, items in compiled.explicit_pools:
-        if all(own.get(k) == v for k, v in items):
+        for key, value in items:
+            if own.get(key) != value:
+                break
+        else:
             return pool
     if terms_in:
         for pool, items in compiled.pool_selectors:
             if all(all(v in t.get(k, ()) for k, v in items) for t in terms_in):
                 return pool
     for pool, items in compiled.pool_selectors:
-        if all(routed.get(k) == v for k, v in items):
+        for key, value in items:
+            if routed.get(key) != value:
+                break
+        else:
             return pool
     return None
 

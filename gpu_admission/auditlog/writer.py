@@ -56,6 +56,7 @@ STDOUT: Final = "-"
 DEFAULT_CLOSE_TIMEOUT: Final = 10.0  # seconds; below the default 30 s grace period
 
 _STOP: Final = object()
+_NON_STR_KEYS_NEWLINE: Final = orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +174,10 @@ class DecisionLog:
                 self._drop("closed")
                 return
             try:
-                line = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+                try:  # string keys (every server record): orjson's fast path
+                    line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+                except TypeError:  # e.g. int keys: the slower option that allows them
+                    line = orjson.dumps(record, option=_NON_STR_KEYS_NEWLINE)
             except (TypeError, orjson.JSONEncodeError) as exc:
                 self.metrics.write_errors.labels(reason="encode").inc()
                 self._drop("encode", error=str(exc))
@@ -221,14 +225,19 @@ class DecisionLog:
     # ---- writer thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        caught_up = True  # the last batch emptied the queue
         try:
             while True:
                 item = self._queue.get()
                 stop = item is _STOP
-                if not stop:
+                if not stop and caught_up:
                     # Let a batch gather: waking this thread (and taking the GIL from the
                     # event loop) once per record cost ~135 us of CPU per request under load.
-                    # Records wait at most BATCH_WINDOW_S; the request path never waits.
+                    # (A 20 or 50 ms window measured no better than 5 ms per request, and
+                    # 50 ms held ~4 MiB more RSS.) Records wait at most BATCH_WINDOW_S; the
+                    # request path never waits.
+                    # With a backlog (a full batch last time) there is no wait, so the
+                    # writer's throughput is not capped at MAX_BATCH per window.
                     time.sleep(BATCH_WINDOW_S)
                 batch: list[bytes] = [] if stop else [item]  # type: ignore[list-item]
                 while not stop and len(batch) < MAX_BATCH:
@@ -240,6 +249,7 @@ class DecisionLog:
                         stop = True
                     else:
                         batch.append(more)  # type: ignore[arg-type]
+                caught_up = len(batch) < MAX_BATCH
                 if batch:
                     self._in_flight = len(batch)
                     self._write_batch(batch)

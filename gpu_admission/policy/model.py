@@ -339,7 +339,7 @@ def _error_message(err: Any) -> str:
     if kind == "missing":
         return "required field is missing"
     if kind == "extra_forbidden":
-        return "unknown field (check the spelling; see docs/policy.md)"
+        return "unknown field (check the spelling; see README.md#the-policy-file)"
     if kind == "literal_error":
         return f"expected {ctx.get('expected', 'one of the allowed values')}, got {got}"
     if kind == "enum":

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ from gpu_admission.decision import Decision, Stage
 from gpu_admission.engine import evaluate
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.server.config import ServerConfig
-from gpu_admission.server.logs import make_logger
+from gpu_admission.server.logs import info_writer, make_logger
 from gpu_admission.server.metrics import CONTENT_TYPE, Metrics
 from gpu_admission.server.reload import FileWatcher
 from gpu_admission.server.tls import ReloadingContext, load_context
@@ -85,6 +85,8 @@ class ServerState:
     started: bool = False  # background tasks running, decision log open
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     watchers: list[FileWatcher] = field(default_factory=list)
+    #: ``log.info`` without structlog's dispatch, for the per-review line (None: use log)
+    log_info: Callable[[str, dict[str, Any]], None] | None = None
 
     def not_ready_reasons(self) -> list[str]:
         reasons = []
@@ -220,8 +222,12 @@ async def _handle_review(request: web.Request, stage: Stage, path: str) -> web.S
     elapsed = time.perf_counter() - start
     state.metrics.observe_request(path, response.status, elapsed)
     if log_fields is not None:
-        state.log.info("review", path=path, code=response.status,
-                       duration_ms=round(elapsed * 1000, 3), **log_fields)
+        line = {"path": path, "code": response.status,
+                "duration_ms": round(elapsed * 1000, 3), **log_fields}
+        if state.log_info is not None:
+            state.log_info("review", line)
+        else:
+            state.log.info("review", **line)
     else:
         state.log.warning("rejected_request", path=path, method=request.method,
                           code=response.status, duration_ms=round(elapsed * 1000, 3),
@@ -326,7 +332,7 @@ def _decide(review: Review, state: ServerState,
     metrics = state.metrics
     metrics.count_decision(effective, result, review.dry_run)
     for violation in decision.violations:
-        metrics.violations.labels(effective, violation.rule, str(violation.mode)).inc()
+        metrics.count_violation(effective, violation.rule, str(violation.mode))
     if state.decision_log is not None and record is not None:
         state.decision_log.write(record)
     return _review_response(body[0]), fields
@@ -452,7 +458,7 @@ def create_app(config: ServerConfig, *,
     ctx, expiry = load_tls(config.cert_file, config.key_file)
     policy, digest = read_policy(config.policy_path)
     state = ServerState(config=config, log=log, metrics=Metrics(), tls=ReloadingContext(ctx),
-                        policy=policy, policy_digest=digest)
+                        policy=policy, policy_digest=digest, log_info=info_writer(log))
     state.metrics.cert_expiry.set(expiry)
     _warn_if_expiring(log, config.cert_file, expiry)
     state.metrics.policy_loaded.set(time.time())

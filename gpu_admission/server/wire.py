@@ -93,11 +93,6 @@ def _fail(path: str, expected: str, value: object) -> WireError:
     return WireError(f"{path} must be {expected}, got {_type_name(value)}")
 
 
-def _want(cond: bool, path: str, expected: str, value: object) -> None:
-    if not cond:
-        raise _fail(path, expected, value)
-
-
 def _opt_str(mapping: Mapping[str, Any], key: str, path: str) -> str:
     value = mapping.get(key)
     if value is None:
@@ -233,7 +228,9 @@ def parse_review(body: bytes) -> Review:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise WireError(f"body is not valid JSON: {exc}") from None
-    _want(isinstance(doc, dict), "body", "a JSON object (an AdmissionReview)", doc)
+    # Conditions are tested inline (no helper call per field): this runs on every review.
+    if doc.__class__ is not dict:
+        raise _fail("body", "a JSON object (an AdmissionReview)", doc)
     kind = doc.get("kind")
     if kind != "AdmissionReview":
         raise WireError(f"kind must be \"AdmissionReview\", got {kind!r}"[:200])
@@ -241,37 +238,49 @@ def parse_review(body: bytes) -> Review:
     if api_version not in API_VERSIONS:
         raise WireError(f"apiVersion must be {V1} or {V1BETA1}, got {api_version!r}"[:200])
     req = doc.get("request")
-    _want(isinstance(req, dict), "request", "an object", req)
+    if req.__class__ is not dict:
+        raise _fail("request", "an object", req)
     uid = req.get("uid")
-    _want(isinstance(uid, str), "request.uid", "a non-empty string", uid)
+    if uid.__class__ is not str:
+        raise _fail("request.uid", "a non-empty string", uid)
     if not uid:
         raise WireError("request.uid must be a non-empty string, got an empty string")
     gvk = req.get("kind")
-    _want(isinstance(gvk, dict), "request.kind", "an object {group, version, kind}", gvk)
+    if gvk.__class__ is not dict:
+        raise _fail("request.kind", "an object {group, version, kind}", gvk)
     kind_name = gvk.get("kind")
-    _want(isinstance(kind_name, str), "request.kind.kind", "a string", kind_name)
+    if kind_name.__class__ is not str:
+        raise _fail("request.kind.kind", "a string", kind_name)
     group = _opt_str(gvk, "group", "request.kind")
     operation = req.get("operation")
-    _want(isinstance(operation, str), "request.operation", "a string", operation)
+    if operation.__class__ is not str:
+        raise _fail("request.operation", "a string", operation)
     if operation not in OPERATIONS:
         raise WireError(f"request.operation must be one of CREATE, UPDATE, DELETE, CONNECT, "
                         f"got {operation!r}"[:200])
     obj = req.get("object")
     old = req.get("oldObject")
-    _want(obj is None or isinstance(obj, dict), "request.object", "an object or null", obj)
-    _want(old is None or isinstance(old, dict), "request.oldObject", "an object or null", old)
+    if obj is not None and obj.__class__ is not dict:
+        raise _fail("request.object", "an object or null", obj)
+    if old is not None and old.__class__ is not dict:
+        raise _fail("request.oldObject", "an object or null", old)
     dry_run = req.get("dryRun")
-    _want(dry_run is None or isinstance(dry_run, bool), "request.dryRun", "a boolean", dry_run)
+    if dry_run is not None and dry_run.__class__ is not bool:
+        raise _fail("request.dryRun", "a boolean", dry_run)
     user_info = req.get("userInfo")
     user = ""
     groups: tuple[str, ...] = ()
     if user_info is not None:
-        _want(isinstance(user_info, dict), "request.userInfo", "an object", user_info)
+        if user_info.__class__ is not dict:
+            raise _fail("request.userInfo", "an object", user_info)
         user = _opt_str(user_info, "username", "request.userInfo")
         raw_groups = user_info.get("groups")
         if raw_groups is not None:
-            _want(isinstance(raw_groups, list) and all(isinstance(g, str) for g in raw_groups),
-                  "request.userInfo.groups", "an array of strings", raw_groups)
+            if raw_groups.__class__ is not list:
+                raise _fail("request.userInfo.groups", "an array of strings", raw_groups)
+            for g in raw_groups:
+                if g.__class__ is not str:
+                    raise _fail("request.userInfo.groups", "an array of strings", raw_groups)
             groups = tuple(raw_groups)
     review = Review(
         api_version=api_version, uid=uid, group=group, kind=kind_name,
