@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import cast
 
 import orjson
 import pytest
@@ -24,7 +25,7 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 
 def read_lines(*paths: Path) -> list[dict[str, object]]:
-    out = []
+    out: list[dict[str, object]] = []
     for path in paths:
         if path.exists():
             out.extend(orjson.loads(line) for line in path.read_bytes().splitlines())
@@ -90,7 +91,7 @@ def test_rotation_keeps_backups_and_drops_the_oldest(tmp_path: Path) -> None:
     assert names == ["audit.log", "audit.log.1", "audit.log.2"]
     kept = read_lines(target.with_name("audit.log.2"), target.with_name("audit.log.1"), target)
     numbers = [r["n"] for r in kept]
-    assert numbers == list(range(numbers[0], 60))  # newest survive, in order, no gaps
+    assert numbers == list(range(cast(int, numbers[0]), 60))  # newest survive, in order, no gaps
     assert all(p.stat().st_size <= 1000 for p in tmp_path.iterdir())
 
 

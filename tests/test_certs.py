@@ -101,7 +101,7 @@ def test_dev_flag_adds_loopback_names(tmp_path: Path) -> None:
     ([], "--out"),
 ], ids=["zero-days", "missing-out"])
 def test_generate_bad_arguments_are_clear(tmp_path: Path, args: list[str], expected: str) -> None:
-    extra = [] if "--out" == expected else ["--out", str(tmp_path)]
+    extra = [] if expected == "--out" else ["--out", str(tmp_path)]
     result = run_cli("certs", "generate", *extra, *args)
     assert result.returncode == 2
     assert expected in result.stderr

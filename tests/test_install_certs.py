@@ -21,7 +21,7 @@ import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -95,7 +95,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        body = json.loads(raw) if raw else None
+        body: Any = json.loads(raw) if raw else None
         c = self.cluster
         c.requests.append(Recorded(self.command, path, self.headers.get("Content-Type"), body))
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
@@ -192,7 +192,7 @@ def load_configs(state: FakeCluster) -> None:
 
 
 def secret_object(bundle: CertBundle, *, type_: str = "kubernetes.io/tls") -> dict[str, Any]:
-    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    b64: Callable[[bytes], str] = lambda b: base64.b64encode(b).decode()  # noqa: E731
     return {"apiVersion": "v1", "kind": "Secret", "type": type_,
             "metadata": {"name": f"{SVC}-tls", "namespace": NS, "resourceVersion": "42"},
             "data": {"tls.crt": b64(bundle.cert_pem), "tls.key": b64(bundle.key_pem),

@@ -36,9 +36,10 @@ import time
 import urllib.request
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import celpy
+import celpy.adapter
 import click
 import kubernetes_validate
 import promql_parser
@@ -243,7 +244,7 @@ def cel_match(pod: dict[str, Any] | None, operation: str = "CREATE") -> bool:
     """Evaluate every matchCondition as the API server does: variables object, oldObject,
     request; all must be true for the webhook to be called."""
     hook = webhooks(render("base"))[0][1]
-    activation = celpy.json_to_cel({
+    activation = celpy.adapter.json_to_cel({
         "object": pod, "oldObject": pod if operation == "UPDATE" else None,
         "request": {"operation": operation, "kind": {"group": "", "version": "v1",
                                                      "kind": "Pod"}}})
@@ -431,7 +432,7 @@ def test_deployment_args_start_the_real_server(tmp_path: Path) -> None:
                              "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        status = {}
+        status: dict[str, int] = {}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len(status) < 2:
             for path in ("/healthz", "/readyz"):
@@ -740,9 +741,11 @@ def test_alerts_fire_as_documented_with_promtool(tmp_path: Path) -> None:
         return {"series": f"{name}{{{sel}}}", "values": values}
 
     def alert(at: str, name: str, firing: list[dict[str, str]]) -> dict[str, Any]:
+        # mypy binds `annotations` here to the __future__ import, not the dict defined below
+        rendered = cast(dict[str, dict[str, str]], annotations)
         return {"eval_time": at, "alertname": name,
                 "exp_alerts": [{"exp_labels": {**labels, "severity": "warning"},
-                                "exp_annotations": annotations[name]} for labels in firing]}
+                                "exp_annotations": rendered[name]} for labels in firing]}
 
     annotations = {  # the rendered templates, as an on-call engineer reads them
         "GPUIdleDuringWorkingHours": {

@@ -8,11 +8,12 @@ from __future__ import annotations
 import gzip
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from gpu_admission.auditlog.record import audit_annotations, decision_record
-from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
+from gpu_admission.decision import Decision, Mode, RequestFacts, Stage, Violation
 
 HERE = Path(__file__).parent
 T0 = datetime(2026, 11, 28, 9, 0, 0, tzinfo=UTC)
@@ -28,8 +29,8 @@ PATCH = ({"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"}
           "value": [{"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=8192M"}]})
 
 
-def pod(name: str, ns: str, *, generate: bool = False, owner: str | None = None) -> dict:
-    meta: dict = {"namespace": ns}
+def pod(name: str, ns: str, *, generate: bool = False, owner: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": ns}
     if generate:
         meta["generateName"] = name
     else:
@@ -40,9 +41,9 @@ def pod(name: str, ns: str, *, generate: bool = False, owner: str | None = None)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": []}}
 
 
-def rec(n: int, hours: float, ns: str, decision: Decision, p: dict | None, *,
-        user: str = "alice@example.com", dry: bool = False, stage: str = "mutate",
-        op: str = "CREATE") -> dict:
+def rec(n: int, hours: float, ns: str, decision: Decision, p: dict[str, Any] | None, *,
+        user: str = "alice@example.com", dry: bool = False, stage: Stage = "mutate",
+        op: str = "CREATE") -> dict[str, Any]:
     return decision_record(
         decision=decision,
         facts=RequestFacts(ns, op, user, ("system:authenticated", f"team:{ns}"), dry, stage),
@@ -86,7 +87,7 @@ def main() -> None:
                rec(10, 51, "team-b", denied, pod("train-4", "team-b"), user="bob@example.com"),
                rec(11, 52, "team-b", plain, None, op="DELETE")]
 
-    def lines(records: list[dict]) -> bytes:
+    def lines(records: list[dict[str, Any]]) -> bytes:
         return b"".join(orjson.dumps(r) + b"\n" for r in records)
 
     (HERE / "decisions.log.2.gz").write_bytes(gzip.compress(lines(old), mtime=0))
@@ -109,12 +110,13 @@ def main() -> None:
 
 def event(audit_id: str, when: datetime, *, ns: str, name: str, verb: str = "create",
           code: int = 201, notes: dict[str, str], user: str = "alice@example.com",
-          uri_extra: str = "", level: str = "Metadata", request_object: dict | None = None,
-          status: dict | None = None) -> dict:
+          uri_extra: str = "", level: str = "Metadata",
+          request_object: dict[str, Any] | None = None,
+          status: dict[str, Any] | None = None) -> dict[str, Any]:
     """An audit.k8s.io/v1 Event as the API server's log backend writes it."""
     stamp = when.isoformat(timespec="microseconds").replace("+00:00", "Z")
     done = (when + timedelta(milliseconds=14)).isoformat(timespec="microseconds")
-    out = {
+    out: dict[str, Any] = {
         "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": level, "auditID": audit_id,
         "stage": "ResponseComplete",
         "requestURI": f"/api/v1/namespaces/{ns}/pods{uri_extra}", "verb": verb,
