@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -45,6 +46,17 @@ class _Series:
         self.sum = 0.0  # seconds (histograms only)
         self.buckets = [0] * buckets  # per bucket, not cumulative; the last one is +Inf
         self.created = time.time()
+
+
+_K = TypeVar("_K", bound=Hashable)
+
+
+def _series(table: dict[_K, _Series], key: _K, buckets: int = 0) -> _Series:
+    """The series of ``key`` in ``table``, created on first use."""
+    series = table.get(key)
+    if series is None:
+        series = table[key] = _Series(buckets)
+    return series
 
 
 class RequestCollector(Collector):
@@ -138,30 +150,16 @@ class Metrics:
             self.overload.labels(reason)
 
     def count_decision(self, stage: str, result: str, dry_run: bool) -> None:
-        key = (stage, result, dry_run)
-        series = self._hot.decisions.get(key)
-        if series is None:
-            series = self._hot.decisions[key] = _Series()
-        series.count += 1
+        _series(self._hot.decisions, (stage, result, dry_run)).count += 1
 
     def count_violation(self, stage: str, rule: str, mode: str) -> None:
-        key = (stage, rule, mode)
-        series = self._hot.violations.get(key)
-        if series is None:
-            series = self._hot.violations[key] = _Series()
-        series.count += 1
+        _series(self._hot.violations, (stage, rule, mode)).count += 1
 
     def observe_request(self, path: str, code: int, seconds: float) -> None:
         """Count one answered request and its duration (seconds)."""
         hot = self._hot
-        key = (path, code)
-        series = hot.requests.get(key)
-        if series is None:
-            series = hot.requests[key] = _Series()
-        series.count += 1
-        hist = hot.latency.get(path)
-        if hist is None:
-            hist = hot.latency[path] = _Series(len(LATENCY_BUCKETS) + 1)
+        _series(hot.requests, (path, code)).count += 1
+        hist = _series(hot.latency, path, len(LATENCY_BUCKETS) + 1)
         hist.count += 1
         hist.sum += seconds
         # first bucket whose upper bound is >= seconds ("le"); past the last: +Inf
