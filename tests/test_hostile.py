@@ -25,7 +25,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.test_hostile_support import (
+from tests.hostile_support import (
     DATA,
     Client,
     Reply,

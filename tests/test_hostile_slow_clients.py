@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.test_hostile_support import (
+from tests.hostile_support import (
     Client,
     ThreadServer,
     check_review,

@@ -26,7 +26,7 @@ from gpu_admission.server.app import ssl_context
 from gpu_admission.server.config import MiB
 from gpu_admission.server.run import stop
 from tests.builders import make_container, make_pod, make_review
-from tests.test_server_support import (
+from tests.server_support import (
     SERVICE_HOST,
     SecretDir,
     Server,

@@ -18,7 +18,7 @@ import pytest
 
 from gpu_admission.certs import write_bundle
 from tests.builders import make_pod, make_review
-from tests.test_server_support import (
+from tests.server_support import (
     SERVICE_HOST,
     close_writer,
     free_port,

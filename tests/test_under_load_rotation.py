@@ -24,7 +24,7 @@ from pathlib import Path
 
 import orjson
 
-from tests.test_hostile_support import (
+from tests.hostile_support import (
     SecretDir,
     ServeProcess,
     client_context,

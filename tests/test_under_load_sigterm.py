@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from tests.test_hostile_support import (
+from tests.hostile_support import (
     SecretDir,
     client_context,
     gpu_pod,
