@@ -1,7 +1,7 @@
 """Helpers for the hostile-input, slow-client, rotation and shutdown suites (no tests here).
 
-- certificates laid out like a mounted Secret (``..data`` symlink swap, kubelet
-  ``atomic_writer.go``), so rotation is tested the way Kubernetes does it;
+- certificates laid out like a mounted Secret (:class:`tests.server_support.SecretDir`),
+  so rotation is tested the way Kubernetes does it;
 - the real server two ways: in-process on a background event loop (fast, for the corpus and
   hypothesis) and as ``gpu-admission serve`` subprocess (signals, exit codes, rotation);
 - a blocking HTTPS client that verifies the CA bundle, and the checks every AdmissionReview
@@ -18,9 +18,7 @@ import contextlib
 import functools
 import http.client
 import io
-import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -44,6 +42,7 @@ from gpu_admission.server.app import create_app
 from gpu_admission.server.config import ServerConfig
 from gpu_admission.server.logs import make_logger
 from gpu_admission.server.run import Running, start, stop
+from tests.server_support import free_port
 
 DATA = Path(__file__).parent / "data" / "hostile"
 POLICY_FILE = DATA / "policy.yaml"  # two time-sliced pools + a dedicated training pool
@@ -63,51 +62,12 @@ def serial(cert_pem_or_der: bytes) -> int:
     return x509.load_der_x509_certificate(cert_pem_or_der).serial_number
 
 
-class SecretDir:
-    """A directory as the kubelet mounts a Secret: ``tls.crt -> ..data/tls.crt``,
-    ``..data -> ..<timestamp dir>``; :meth:`publish` writes a new timestamped directory,
-    then renames a temporary symlink over ``..data`` (one atomic step)."""
-
-    def __init__(self, root: Path, bundle: CertBundle) -> None:
-        self.root = root
-        self.generation = 0
-        root.mkdir(parents=True, exist_ok=True)
-        self.publish(bundle.cert_pem, bundle.key_pem, bundle.ca_pem)
-        for name in ("ca.crt", "tls.crt", "tls.key"):
-            (root / name).symlink_to(Path("..data") / name)
-
-    def publish(self, cert_pem: bytes, key_pem: bytes, ca_pem: bytes) -> None:
-        self.generation += 1
-        stamp = f"..2026_12_02_00_00_{self.generation:02d}.{os.getpid()}"
-        version = self.root / stamp
-        version.mkdir()
-        for name, data in (("ca.crt", ca_pem), ("tls.crt", cert_pem), ("tls.key", key_pem)):
-            (version / name).write_bytes(data)
-        tmp = self.root / "..data_tmp"
-        tmp.symlink_to(stamp)
-        tmp.replace(self.root / "..data")  # rename(2): atomic
-
-    @property
-    def cert_file(self) -> Path:
-        return self.root / "tls.crt"
-
-    @property
-    def key_file(self) -> Path:
-        return self.root / "tls.key"
-
-
 def client_context(*ca_pems: bytes) -> ssl.SSLContext:
     """Verifies the server for 127.0.0.1 against the given CA bundle(s), as the API server
     verifies against ``caBundle``."""
     ctx = ssl.create_default_context(cadata="".join(p.decode() for p in ca_pems))
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     return ctx
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- servers --------------------------------------------------------------------------------

@@ -68,17 +68,23 @@ class SecretDir:
     def key_file(self) -> Path:
         return self.root / KEY_FILE
 
-    def rotate(self, bundle: CertBundle, *, key_pem: bytes | None = None) -> None:
-        """Publish ``bundle`` (or its cert with a foreign ``key_pem``: a mismatched pair)."""
+    def publish(self, cert_pem: bytes, key_pem: bytes, ca_pem: bytes) -> None:
+        """Write one version directory and flip ``..data`` to it (any pair, even a
+        mismatched or truncated one)."""
         self.version += 1
         version_dir = self.root / f"..v{self.version}"
         version_dir.mkdir()
-        (version_dir / CA_FILE).write_bytes(bundle.ca_pem)
-        (version_dir / CERT_FILE).write_bytes(bundle.cert_pem)
-        (version_dir / KEY_FILE).write_bytes(key_pem if key_pem is not None else bundle.key_pem)
+        (version_dir / CA_FILE).write_bytes(ca_pem)
+        (version_dir / CERT_FILE).write_bytes(cert_pem)
+        (version_dir / KEY_FILE).write_bytes(key_pem)
         tmp_link = self.root / "..data_tmp"
         tmp_link.symlink_to(version_dir.name)
         tmp_link.replace(self.root / "..data")  # atomic rename over the old symlink
+
+    def rotate(self, bundle: CertBundle, *, key_pem: bytes | None = None) -> None:
+        """Publish ``bundle`` (or its cert with a foreign ``key_pem``: a mismatched pair)."""
+        self.publish(bundle.cert_pem, key_pem if key_pem is not None else bundle.key_pem,
+                     bundle.ca_pem)
         self.bundles.append(bundle)
 
 

@@ -12,14 +12,9 @@ import jsonpatch
 import pytest
 import yaml
 
+from tests.policy_helpers import DEFAULT_ENV
+
 DATA = Path(__file__).parent / "data" / "evaluate"
-ENV_16000 = [
-    {"name": "NVIDIA_MEM_LIMIT_MB", "value": "16000"},
-    {"name": "GPU_MEMORY_FRACTION", "value": "0.2"},
-    {"name": "XLA_CLIENT_MEM_FRACTION", "value": "0.2"},
-    {"name": "XLA_PYTHON_CLIENT_MEM_FRACTION", "value": "0.2"},
-    {"name": "TF_FORCE_GPU_ALLOW_GROWTH", "value": "true"},
-]
 
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -46,7 +41,7 @@ def test_json_output_exact() -> None:
             {"op": "add", "path": "/spec/schedulerName", "value": "gpu-aware-scheduler"},
             {"op": "add", "path": "/spec/nodeSelector",
              "value": {"gpu-admission.io/cuda-version": "12.4"}},
-            {"op": "add", "path": "/spec/containers/0/env", "value": ENV_16000},
+            {"op": "add", "path": "/spec/containers/0/env", "value": DEFAULT_ENV},
             {"op": "add", "path": "/metadata/annotations",
              "value": {"gpu-admission.io/mutated": "env,nodeSelector,schedulerName"}},
         ],

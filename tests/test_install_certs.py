@@ -83,6 +83,13 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the default stderr access log."""
 
+    def _store(self, path: str, body: dict[str, Any], code: int) -> None:
+        """Save ``body`` at ``path`` with a new resourceVersion, answer it with ``code``."""
+        obj = copy.deepcopy(body)
+        obj["metadata"]["resourceVersion"] = str(self.cluster.version)
+        self.cluster.objects[path] = obj
+        self._send(code, obj)
+
     def _send(self, code: int, obj: Any) -> None:
         body = json.dumps(obj).encode()
         self.send_response(code)
@@ -117,19 +124,13 @@ class _Handler(BaseHTTPRequestHandler):
             if target in c.objects:
                 self._send(409, _status(409, "AlreadyExists", "already exists"))
                 return
-            obj = copy.deepcopy(body)
-            obj["metadata"]["resourceVersion"] = str(c.version)
-            c.objects[target] = obj
-            self._send(201, obj)
+            self._store(target, body, 201)
         elif self.command == "PUT" and path in c.objects:
             current = c.objects[path]["metadata"].get("resourceVersion")
             if body["metadata"].get("resourceVersion") != current:
                 self._send(409, _status(409, "Conflict", "the object has been modified"))
                 return
-            obj = copy.deepcopy(body)
-            obj["metadata"]["resourceVersion"] = str(c.version)
-            c.objects[path] = obj
-            self._send(200, obj)
+            self._store(path, body, 200)
         elif self.command == "PATCH" and path in c.objects:
             if self.headers.get("Content-Type") != "application/json-patch+json":
                 self._send(415, _status(415, "UnsupportedMediaType", "want json-patch"))

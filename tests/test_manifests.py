@@ -29,7 +29,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -57,6 +56,7 @@ from gpu_admission.server.app import create_app, create_probe_app
 from gpu_admission.server.cli import serve
 from gpu_admission.server.config import ServerConfig
 from tests.builders import make_container, make_pod
+from tests.server_support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "webhook-manifests"
@@ -401,12 +401,6 @@ def known_options(command: click.Command, args: list[str]) -> dict[str, str | bo
                 param.type.convert(value, param, None)  # ints, ranges, choices
             parsed[token] = value
     return parsed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_deployment_args_start_the_real_server(tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ from pathlib import Path
 import orjson
 
 from tests.hostile_support import (
-    SecretDir,
     ServeProcess,
     client_context,
     gpu_pod,
@@ -34,6 +33,7 @@ from tests.hostile_support import (
     serial,
     serve_process,
 )
+from tests.server_support import SecretDir
 
 RELOAD_INTERVAL_S = 0.1  # the server's file poll period in this test, seconds
 SWITCH_BOUND_S = 10.0  # the new certificate must be served well before this, seconds

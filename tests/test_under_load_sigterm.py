@@ -27,13 +27,13 @@ import aiohttp
 import orjson
 
 from tests.hostile_support import (
-    SecretDir,
     client_context,
     gpu_pod,
     new_bundle,
     review,
     serve_process,
 )
+from tests.server_support import SecretDir
 
 SHUTDOWN_DELAY_S = 0.5  # --shutdown-delay: keep serving, not ready, after SIGTERM
 DRAIN_TIMEOUT_S = 5.0  # --drain-timeout: wait at most this long for in-flight requests
