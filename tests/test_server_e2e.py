@@ -454,6 +454,7 @@ async def test_metrics_count_requests_decisions_and_rules(server: Server) -> Non
         'gpu_admission_rule_violations_total{mode="enforce",rule="no-training-on-shared-gpu",'
         'stage="validate"} 1.0',
         "gpu_admission_in_flight_requests 0.0",
+        "gpu_admission_receiving_requests 0.0",
         'gpu_admission_overload_rejections_total{reason="in_flight"} 0.0',
         'gpu_admission_policy_reloads_total{result="failure"} 0.0',
         "gpu_admission_ready 1.0",
@@ -597,28 +598,39 @@ async def test_policy_reload_good_then_bad_keeps_the_last_good(secret: SecretDir
 
 # --- overload and slow clients ---------------------------------------------------------
 
-async def test_over_the_in_flight_bound_is_a_fast_429(secret: SecretDir) -> None:
+async def test_half_sent_reviews_over_the_bound_get_a_fast_429(secret: SecretDir) -> None:
     config = make_config(secret, max_in_flight=2)
     async with running_server(config, secret.bundles[0].ca_pem) as srv:
         body = orjson.dumps(make_review(make_pod(), uid="slow"))
-        held = []
-        for _ in range(2):  # two reviews in flight: headers sent, body still coming
+
+        async def half_sent() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
             reader, writer = await open_tls(srv.running.port, srv.ca_pems)
             writer.write(request_head("/mutate", len(body)) + body[:10])
             await writer.drain()
-            held.append((reader, writer))
-        await poll_until(lambda: srv.state.in_flight == 2)
-        status, payload, _ = await srv.post("/mutate", make_review(make_pod()))
-        assert (status, payload) == (429, {"error": "overloaded: 2 admission reviews in "
-                                                    "flight (limit 2); retry later"})
-        for reader, writer in held:
+            return reader, writer
+
+        held = [await half_sent(), await half_sent()]  # the bound: two bodies still coming
+        await poll_until(lambda: srv.state.receiving == 2)
+        # A third half-sent review is refused at once, before its body is read ...
+        reader, writer = await half_sent()
+        async with asyncio.timeout(2):
+            code, _, reply = await read_response(reader)
+        assert (code, orjson.loads(reply)) == (429, {
+            "error": "overloaded: 2 admission reviews are still sending their body (limit 2); "
+                     "retry later"})
+        await close_writer(writer)
+        # ... while complete reviews (the API server sends each body in one go) are not
+        # starved by the held ones: decided at once, every time.
+        for _ in range(3):
+            status, payload, _ = await srv.post("/mutate", make_review(make_pod(), uid="ok"))
+            assert (status, payload["response"]["uid"]) == (200, "ok")
+        for reader, writer in held:  # the held reviews finish normally
             writer.write(body[10:])
             await writer.drain()
             code, _, reply = await read_response(reader)
             assert (code, orjson.loads(reply)["response"]["uid"]) == (200, "slow")
             await close_writer(writer)
-        status, _, _ = await srv.post("/mutate", make_review(make_pod()))
-        assert status == 200
+        assert (srv.state.receiving, srv.state.in_flight) == (0, 0)
         assert srv.state.metrics.overload.labels("in_flight")._value.get() == 1
 
 

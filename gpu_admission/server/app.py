@@ -11,8 +11,13 @@ webhook``: any non-200 reply is a *failed call*, handled by the webhook's ``fail
   ``admission webhook "<name>" denied the request: <message>``.
 * 400 / 413 / 415 / 405 with ``{"error": ...}`` for requests that are not an AdmissionReview
   POST: the API server never sends them, so they only reach broken or hostile callers.
-* 429 when more than ``max_in_flight`` reviews are already in progress: refused at once,
-  before the body is read, instead of queueing past the API server's timeout. Being a
+* 429 when a review's body has not fully arrived and ``max_in_flight`` reviews are already
+  waiting for theirs: refused at once, before reading, instead of queueing past the API
+  server's timeout. Only reviews still receiving their body count: that is the one place a
+  review waits inside the server (a complete body is decided at once, synchronously), and
+  it bounds the memory held by bodies of up to ``max_body_bytes``. So clients that hold
+  half-sent requests open can fill the bound, but never starve complete reviews, such as
+  the API server's, which sends each body in one go. Being a
   failed call (not a denial), it follows the webhook's ``failurePolicy``: ``Fail`` rejects
   the pod with an error naming the webhook, ``Ignore`` admits it with the
   ``failed-open.mutation.webhook.admission.k8s.io`` audit annotation. Answering
@@ -81,6 +86,7 @@ class ServerState:
     policy_digest: str
     decision_log: DecisionLog | None = None
     in_flight: int = 0  # reviews being read or decided
+    receiving: int = 0  # of those, reviews whose body is still arriving (the 429 bound)
     draining: bool = False  # set on SIGTERM: not ready, Connection: close
     started: bool = False  # background tasks running, decision log open
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -204,10 +210,6 @@ async def _handle_review(request: web.Request, stage: Stage, path: str) -> web.S
     log_fields: dict[str, Any] | None = None
     if request.method != "POST":
         response = _error(405, f"{path} accepts POST only, got {request.method}", Allow="POST")
-    elif state.in_flight >= state.config.max_in_flight:
-        state.metrics.overload.labels("in_flight").inc()
-        response = _error(429, f"overloaded: {state.in_flight} admission reviews in flight "
-                               f"(limit {state.config.max_in_flight}); retry later")
     else:
         state.in_flight += 1
         try:
@@ -258,13 +260,22 @@ async def _review(request: web.Request, state: ServerState,
                                f"{cfg.max_body_bytes} bytes")
         response.force_close()  # do not read the rest of a huge body
         return response, None
+    complete = request.content.is_eof()  # whole body received: nothing to wait for
+    if not complete and state.receiving >= cfg.max_in_flight:
+        state.metrics.overload.labels("in_flight").inc()
+        return _error(429, f"overloaded: {state.receiving} admission reviews are still "
+                           f"sending their body (limit {cfg.max_in_flight}); retry later"), None
     try:
-        if request.content.is_eof():  # whole body already received: nothing to wait for
+        if complete:
             body = await request.read()
         else:
-            budget = deadline_seconds(request.query.get("timeout"), cfg)
-            async with asyncio.timeout(min(cfg.read_timeout_seconds, budget)):
-                body = await request.read()
+            state.receiving += 1
+            try:
+                budget = deadline_seconds(request.query.get("timeout"), cfg)
+                async with asyncio.timeout(min(cfg.read_timeout_seconds, budget)):
+                    body = await request.read()
+            finally:
+                state.receiving -= 1
     except TimeoutError:
         state.metrics.overload.labels("deadline").inc()
         response = _error(408, "request body not received in time")
@@ -463,6 +474,7 @@ def create_app(config: ServerConfig, *,
     _warn_if_expiring(log, config.cert_file, expiry)
     state.metrics.policy_loaded.set(time.time())
     state.metrics.in_flight.set_function(lambda: state.in_flight)
+    state.metrics.receiving.set_function(lambda: state.receiving)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[STATE] = state
     app.router.add_route("*", MUTATE_PATH, mutate)

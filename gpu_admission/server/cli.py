@@ -49,7 +49,9 @@ _file = click.Path(dir_okay=False, path_type=Path)
 @click.option("--audit-log", default=None, metavar="FILE|-",
               help="Append one JSON decision record per decision to FILE, or stdout with -.")
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=DEFAULT_MAX_IN_FLIGHT,
-              show_default=True, help="Concurrent reviews before answering 429.")
+              show_default=True,
+              help="Reviews still receiving their body before answering 429 (complete "
+                   "reviews are never refused for it).")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024),
               default=DEFAULT_MAX_BODY_BYTES, show_default=True,
               help="Largest AdmissionReview body accepted, in bytes (413 above).")

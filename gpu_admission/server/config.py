@@ -24,7 +24,7 @@ MiB: Final = 1024 * 1024  # mebibyte, 2**20 bytes
 DEFAULT_PORT: Final = 8443
 DEFAULT_METRICS_PORT: Final = 8080
 DEFAULT_MAX_BODY_BYTES: Final = 8 * MiB  # 2 x 3 MiB objects + options + envelope
-DEFAULT_MAX_IN_FLIGHT: Final = 256  # concurrent reviews being read or decided
+DEFAULT_MAX_IN_FLIGHT: Final = 256  # concurrent reviews still receiving their body
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class ServerConfig:
     audit_log: str | None = None  # decision log: file path, "-" for stdout, None for off
     instance: str = field(default_factory=socket.gethostname)  # recorded in each decision
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # bytes; larger bodies get 413
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # reviews; more at once get 429
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # reviews receiving a body; more get 429
     default_deadline_seconds: float = 10.0  # used when the request has no ?timeout=
     deadline_margin_seconds: float = 1.0  # answer this long before the API server gives up
     read_timeout_seconds: float = 5.0  # cap on reading one request body

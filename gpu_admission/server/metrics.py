@@ -125,10 +125,14 @@ class Metrics:
         self.in_flight = Gauge(
             "gpu_admission_in_flight_requests", "Admission reviews being read or decided now.",
             registry=r)
+        self.receiving = Gauge(
+            "gpu_admission_receiving_requests",
+            "Admission reviews whose body is still arriving now (bounded by --max-in-flight).",
+            registry=r)
         self.overload = Counter(
             "gpu_admission_overload_rejections",
-            "Reviews refused without a decision: too many in flight (429) or the request "
-            "body not read before the deadline (408).", ["reason"], registry=r)
+            "Reviews refused without a decision: too many still receiving their body (429) "
+            "or the request body not read before the deadline (408).", ["reason"], registry=r)
         self.policy_reloads = Counter(
             "gpu_admission_policy_reloads", "Policy file reloads by result (success, failure).",
             ["result"], registry=r)
