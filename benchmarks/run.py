@@ -241,6 +241,15 @@ def throughput(work: Path, certs: Path, ca: Path, args: argparse.Namespace) -> d
     return out
 
 
+def ceiling(steps: dict[str, float], baseline: dict[str, Any]) -> dict[str, float]:
+    """The best throughput ratio our request path allows if each of its steps cost under
+    load only what it costs in process (in practice 1.5-2x more): the baseline's CPU per
+    request ``B`` over ``B`` + our steps, less the JSON parse the baseline pays too."""
+    own = round(steps["sum"] - steps["orjson_loads"], 1)
+    base = baseline["server_cpu_us_per_request"]
+    return {"own_steps_us": own, "baseline_us": base, "max_ratio": round(base / (base + own), 3)}
+
+
 async def _half_sent(port: int, ctx: ssl.SSLContext, n: int,
                      hold: float) -> list[tuple[bytes, float]]:
     """Open ``n`` requests that send only the start of their body; for each, the first bytes
@@ -465,6 +474,11 @@ def report(results: dict[str, Any]) -> None:
               f"CPU efficiency {t['ratio']['cpu_efficiency']}x"
               + ("  [contended: a server got < 85 % of its core; trust the CPU ratio]"
                  if t["ratio"]["contended"] else ""))
+        if "ceiling" in t["ratio"]:
+            c = t["ratio"]["ceiling"]
+            print(f"ceiling: our in-process steps beyond the JSON parse cost {c['own_steps_us']} "
+                  f"µs a review; on top of the baseline's {c['baseline_us']} µs that allows at "
+                  f"most {c['max_ratio']}x even if nothing cost more under load than in process")
         for name in ("baseline", "server"):
             f = t[name]["fixed_rate"]
             print(f"fixed rate {f['rate']:.0f}/s {name:9}: p50 {f['latency_ms']['p50']} ms, "
@@ -538,6 +552,9 @@ def main() -> None:
             if name in only:
                 print(f"... {name}", flush=True)
                 results[name] = step()
+        if "micro_steps" in results and "throughput" in results:
+            results["throughput"]["ratio"]["ceiling"] = ceiling(
+                results["micro_steps"], results["throughput"]["baseline"])
         results["context"]["loadavg_end"] = os.getloadavg()
         results["context"]["mix"] = {k.name: k.weight for k in KINDS}
         report(results)
