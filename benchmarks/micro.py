@@ -40,7 +40,7 @@ from reviews import BENCH_POLICY_YAML, KINDS, TYPICAL_KIND, review
 
 from gpu_admission.auditlog.record import audit_annotations, decision_record
 from gpu_admission.auditlog.writer import DecisionLog
-from gpu_admission.decision import RequestFacts
+from gpu_admission.decision import RequestFacts, Stage
 from gpu_admission.engine import evaluate
 from gpu_admission.policy.model import Policy, load_policy, policy_from_yaml
 from gpu_admission.server.logs import info_writer, make_logger
@@ -113,7 +113,18 @@ def components(policy: Policy, work: Path, *, repeat: int = 9) -> dict[str, floa
     - ``metrics``: request counter + latency histogram + decision counter;
     - ``orjson_loads`` (not in ``sum``): the JSON parse alone, which the baseline pays too.
     """
-    bodies = [(orjson.dumps(review(k.build())), k.weight) for k in KINDS]
+    # Each kind once as /mutate sees it and once as /validate sees it (our own patch applied),
+    # like the load mix; the stage decides what evaluate does (validate never patches).
+    stage_of: dict[bytes, Stage] = {}
+    bodies: list[tuple[bytes, int]] = []
+    for kind in KINDS:
+        obj = kind.build()
+        patch = evaluate(obj, MUTATE, policy).patch
+        final = jsonpatch.apply_patch(obj, list(patch)) if patch else obj
+        for stage, pod in ((MUTATE.stage, obj), (VALIDATE.stage, final)):
+            body = orjson.dumps(review(pod, uid=f"{kind.name}-{stage}"))  # a key per stage
+            stage_of[body] = stage
+            bodies.append((body, kind.weight))
     total = sum(w for _, w in bodies)
     log_file = (work / "micro-log.jsonl").open("wb")
     logger = make_logger("info", log_file)
@@ -136,13 +147,13 @@ def components(policy: Policy, work: Path, *, repeat: int = 9) -> dict[str, floa
     def decide(b: bytes) -> object:
         r = parse_review(b)
         assert r.obj is not None
-        return evaluate(r.obj, r.facts("mutate"), policy)
+        return evaluate(r.obj, r.facts(stage_of[b]), policy)
 
     decided = {}
     for body, _ in bodies:
         r = parse_review(body)
         assert r.obj is not None
-        decided[body] = (r, evaluate(r.obj, r.facts("mutate"), policy))
+        decided[body] = (r, evaluate(r.obj, r.facts(stage_of[body]), policy))
 
     def render(b: bytes) -> object:
         r, d = decided[b]
@@ -152,7 +163,7 @@ def components(policy: Policy, work: Path, *, repeat: int = 9) -> dict[str, floa
 
     def record(b: bytes) -> dict[str, Any]:
         r, d = decided[b]
-        return decision_record(decision=d, facts=r.facts("mutate"), pod=r.obj, uid=r.uid,
+        return decision_record(decision=d, facts=r.facts(stage_of[b]), pod=r.obj, uid=r.uid,
                                policy_digest=policy.digest, instance="bench")
 
     records = {b: record(b) for b, _ in bodies}
