@@ -236,6 +236,10 @@ def throughput(work: Path, certs: Path, ca: Path, args: argparse.Namespace) -> d
         "cpu_efficiency": round(b["server_cpu_us_per_request"]
                                 / s["server_cpu_us_per_request"], 3),
         "contended": min(b["server_cpu_util"], s["server_cpu_util"]) < 0.85,
+        # Each round's server against the baseline run just before it (same minute): how
+        # much the ratio itself moves on a shared machine.
+        "per_round": [round(sr["rps"] / br["rps"], 3)
+                      for br, sr in zip(rounds["baseline"], rounds["server"], strict=True)],
     }
     out["rounds"] = rounds
     return out
@@ -474,6 +478,8 @@ def report(results: dict[str, Any]) -> None:
               f"CPU efficiency {t['ratio']['cpu_efficiency']}x"
               + ("  [contended: a server got < 85 % of its core; trust the CPU ratio]"
                  if t["ratio"]["contended"] else ""))
+        print("throughput ratio per round (server / the baseline run just before it): "
+              + ", ".join(f"{x}x" for x in t["ratio"]["per_round"]))
         if "ceiling" in t["ratio"]:
             c = t["ratio"]["ceiling"]
             print(f"ceiling: our in-process steps beyond the JSON parse cost {c['own_steps_us']} "
