@@ -199,6 +199,41 @@ class Classification(_Model):
                                              alias="notebookLabels")
 
 
+def _percent(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 100:
+        raise PydanticCustomError("percent", "expected an integer percentage in 1..100, got {got}",
+                                  {"got": _got(value)})
+    return value
+
+
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PydanticCustomError("non_negative_int", "expected an integer >= 0, got {got}",
+                                  {"got": _got(value)})
+    return value
+
+
+Percent = Annotated[int, BeforeValidator(_percent)]
+NonNegativeInt = Annotated[int, BeforeValidator(_non_negative_int)]
+
+
+class Placement(_Model):
+    """How the ``gpu-aware-scheduler`` extender places GPU pods (``gpu-admission extender``).
+
+    Read by the extender (filter/prioritize) and by ``gpu-admission report`` (the sharing
+    estimate), so both pack to the same target.
+    """
+
+    # Shared-GPU pods are packed towards this SM utilisation of the best-fitting GPU, in %
+    # (scheduler-plugins TargetLoadPacking's curve, applied to DCGM_FI_DEV_GPU_UTIL).
+    target_utilization_percent: Percent = Field(default=70, alias="targetUtilizationPercent")
+    # Free framebuffer a GPU must keep on top of the pod's memory share, in MiB.
+    memory_headroom_mib: NonNegativeInt = Field(default=1024, alias="memoryHeadroomMiB")
+    # A GPU at or below this SM utilisation, in %, counts as idle (whole-GPU/training pods
+    # prefer nodes with idle GPUs; the report's idle threshold default).
+    idle_below_percent: Percent = Field(default=10, alias="idleBelowPercent")
+
+
 class Exemptions(_Model):
     namespaces: list[StrictStr] = Field(default_factory=lambda: ["kube-system"])
     users: list[StrictStr] = Field(default_factory=list)
@@ -230,6 +265,7 @@ class PolicySpec(_Model):
     cuda_routing: CudaRouting = Field(default_factory=CudaRouting, alias="cudaRouting")
     classification: Classification = Field(default_factory=Classification)
     exemptions: Exemptions = Field(default_factory=Exemptions)
+    placement: Placement = Field(default_factory=Placement)
     rules: RuleModes = Field(default_factory=RuleModes)
 
     @field_validator("node_pools")
