@@ -36,6 +36,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dra_micro import measure_dra, print_dra
 from reviews import BENCH_POLICY_YAML, KINDS, TYPICAL_KIND, review
 
 from gpu_admission.auditlog.record import audit_annotations, decision_record
@@ -232,6 +233,7 @@ def main() -> None:
     print_table(rows)
     with tempfile.TemporaryDirectory() as tmp:
         print_components(components(policy, Path(tmp)))
+    print_dra(measure_dra(policy, repeat=args.repeat))  # DRA pods, warm cache (issue 15)
     if args.json:
         args.json.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
 

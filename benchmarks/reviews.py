@@ -168,9 +168,17 @@ def training_shared_pod() -> dict[str, Any]:
 
 
 def cpu_pod() -> dict[str, Any]:
-    """An ordinary web pod: no GPU, nothing to do."""
+    """An ordinary web pod: no GPU; the GPU-access guard adds NVIDIA_VISIBLE_DEVICES=void."""
     return pod("web-6b7c", containers=[container(image="nginx:1.27", gpu=None, cpu="500m",
                                                  memory="256Mi")])
+
+
+def cpu_cuda_image_pod() -> dict[str, Any]:
+    """A CPU-only batch pod on a CUDA image (which bakes NVIDIA_VISIBLE_DEVICES=all), with a
+    few env vars: the guard's non-GPU path, appending to an existing env list."""
+    return pod("etl-2x9k", containers=[container(
+        "etl", image="nvidia/cuda:12.4.1-runtime-ubuntu22.04", gpu=None, cpu="2", memory="4Gi",
+        env=[{"name": "INPUT", "value": "s3://bucket/in"}, {"name": "THREADS", "value": "2"}])])
 
 
 def multi_container_pod() -> dict[str, Any]:
@@ -201,6 +209,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("training-dedicated", training_dedicated_pod, 5),
     Kind("training-shared-denied", training_shared_pod, 5),
     Kind("cpu", cpu_pod, 30),
+    Kind("cpu-cuda-image", cpu_cuda_image_pod, 5),
     Kind("multi-container", multi_container_pod, 10),
     Kind("long-env", long_env_pod, 10),
 )

@@ -20,6 +20,10 @@ SUBCOMMANDS = {
     "certs": "gpu_admission.certs:certs",
     "install-certs": "gpu_admission.install_certs:install_certs",
     "audit": "gpu_admission.auditlog.cli:audit",
+    "images": "gpu_admission.images.cli:images",
+    "extender": "gpu_admission.extender.cli:extender",
+    "report": "gpu_admission.report.cli:report",
+    "compile": "gpu_admission.compile.cli:compile_command",
 }
 
 

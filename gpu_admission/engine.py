@@ -11,6 +11,11 @@ violations and declared changes into a frozen :class:`~gpu_admission.decision.De
   apiserver's recommendation, see ``api/admission/v1/types.go``);
 * ``audit`` violations -> allowed, only recorded.
 
+Pods without a GPU container only meet the GPU-access guard
+(:mod:`gpu_admission.rules.gpu_access`, Pod CREATE only, after the exemptions): their
+``Decision`` has ``gpu=False``, no workload or CUDA, and may still carry the guard's patch
+(``NVIDIA_VISIBLE_DEVICES=void``) or its denials. The GPU path runs every rule, the guard included.
+
 Only a Pod CREATE at ``stage == "mutate"`` gets a patch. ``stage == "validate"`` (after all
 mutating webhooks) and UPDATE re-check the object and never return a patch; a pod that merely
 lacks our mutations is not denied for that.
@@ -18,14 +23,20 @@ lacks our mutations is not denied for that.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from gpu_admission.cuda import cuda_from_image, normalize_version
+from gpu_admission.cuda import normalize_version
 from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
+from gpu_admission.dra.analysis import DraPod, analyze_pod, needs_analysis
+from gpu_admission.dra.model import DraSnapshot
 from gpu_admission.patch import REQUIRED, PatchBuilder, changed_fields
 from gpu_admission.policy.model import Compiled, NodePool, Policy
 from gpu_admission.rules import RULES, Context, GpuContainer
+from gpu_admission.rules.dra import UNKNOWN as DRA_UNKNOWN
+from gpu_admission.rules.dra import unknown_message
+from gpu_admission.rules.gpu_access import guard
 from gpu_admission.vocab import (
     CUDA_VERSION_LABEL,
     GFD_PRODUCT,
@@ -211,9 +222,11 @@ def _shared_reasons(gcs: list[GpuContainer], selector: Mapping[str, Any],
     return reasons
 
 
-def _cuda(labels: Mapping[str, Any], gcs: list[GpuContainer]
+def _cuda(labels: Mapping[str, Any], gcs: list[GpuContainer],
+          image_cuda: Callable[[str], str | None]
           ) -> tuple[str | None, str, dict[str, list[str]], str | None]:
-    """(version, source, conflicts, invalid label) -- pod label first, then GPU images."""
+    """(version, source, conflicts, invalid label) -- pod label first, then GPU images
+    (``image_cuda``: the policy's ``cudaRouting.images``, then the built-in rules)."""
     label = labels.get(CUDA_VERSION_LABEL)
     invalid: str | None = None
     if label is not None:
@@ -225,7 +238,7 @@ def _cuda(labels: Mapping[str, Any], gcs: list[GpuContainer]
     source = ""
     for gc in gcs:
         image = gc.container.get("image")
-        version = cuda_from_image(image) if isinstance(image, str) else None
+        version = image_cuda(image) if isinstance(image, str) else None
         if version is not None:
             if version not in seen:
                 source = f"image {image} ({gc.path})"
@@ -267,12 +280,65 @@ def _annotation_value(existing: Any, fields: list[str]) -> str:
     return ",".join(sorted(kinds))
 
 
-def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy) -> Decision:
+def _routed(node_selector: Mapping[str, Any], cuda_version: str | None, workload: str,
+            policy: Policy) -> dict[str, Any]:
+    """The pod's nodeSelector after CUDA routing (rule ``cuda-version-conflict`` adds the
+    label; training pods are not routed)."""
+    routed = dict(node_selector)
+    if (cuda_version is not None and workload != "training"
+            and policy.spec.cuda_routing.node_selector and CUDA_VERSION_LABEL not in routed):
+        routed[CUDA_VERSION_LABEL] = cuda_version
+    return routed
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPod:
+    """A GPU pod as the policy sees it: what the scheduler extender needs (GPU containers,
+    workload class, node pool, MIG), decided by the same functions as :func:`evaluate`."""
+
+    containers: tuple[GpuContainer, ...]
+    workload: str
+    pool: NodePool | None
+    mig: bool
+
+
+def analyse_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod | None:
+    """The policy's view of ``pod`` for placement, or None for a pod without GPU resources.
+    Pure. Exemptions do not matter here: an exempt pod still uses a GPU."""
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    gcs = gpu_containers(spec)
+    if not gcs:
+        return None
+    compiled = policy.compiled
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, dict) else _EMPTY
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, dict) else _EMPTY
+    workload, _, _ = _classify(meta, labels, compiled,
+                               policy.spec.classification.default_workload)
+    cuda_version = _cuda(labels, gcs, compiled.image_cuda)[0]
+    node_selector = spec.get("nodeSelector")
+    node_selector = node_selector if isinstance(node_selector, dict) else _EMPTY
+    routed = _routed(node_selector, cuda_version, workload, policy)
+    terms_in = [_term_in(t) for t in _terms(spec)]
+    pool = _find_pool(compiled, node_selector, routed, terms_in) if compiled.pools else None
+    mig = any(gc.mig for gc in gcs) or (pool is not None and pool.sharing == "mig")
+    return GpuPod(tuple(gcs), workload, pool, mig)
+
+
+def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
+             dra: DraSnapshot | None = None) -> Decision:
     """Decide one Pod. Pure: no I/O, does not modify ``pod``.
+
+    ``dra``: the DeviceClasses, claims and templates the pod may name (the server's cache,
+    or files offline); None means none known, so every DRA reference is unknown (docs/dra.md).
 
     ``facts.stage == "mutate"``: the decision carries the RFC 6902 patch.
     ``facts.stage == "validate"``: re-check the final object, never a patch.
-    Non-Pod objects, pods without GPU resources, DELETE/CONNECT: allowed, no patch.
+    Non-Pod objects, DELETE/CONNECT: allowed, no patch. Pods without GPU resources: only the
+    GPU-access guard, on CREATE (see the module docstring).
     """
     if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         return _ALLOWED
@@ -282,16 +348,22 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy) -> Dec
     if not isinstance(spec, dict):
         return _ALLOWED
     gcs = gpu_containers(spec)
-    if not gcs:
-        return _ALLOWED
     compiled = policy.compiled
     meta = pod.get("metadata")
     meta = meta if isinstance(meta, dict) else _EMPTY
+    dra_pod = (analyze_pod(pod, facts.namespace, dra, compiled.dra_gpu_classes)
+               if needs_analysis(spec, dra) else None)
+    if dra_pod is not None:
+        gcs = _with_dra(gcs, dra_pod, spec)
+    if not gcs:
+        if dra_pod is not None and dra_pod.unresolved:
+            return _dra_unresolved(pod, spec, meta, facts=facts, policy=policy, dra_pod=dra_pod)
+        return _non_gpu(pod, spec, meta, facts, compiled)
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
     workload, workload_reason, bad_label = _classify(
         meta, labels, compiled, policy.spec.classification.default_workload)
-    cuda_version, cuda_source, conflict, cuda_invalid = _cuda(labels, gcs)
+    cuda_version, cuda_source, conflict, cuda_invalid = _cuda(labels, gcs, compiled.image_cuda)
 
     exempt = _exemption(facts, compiled)
     if exempt:
@@ -301,14 +373,13 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy) -> Dec
 
     node_selector = spec.get("nodeSelector")
     node_selector = node_selector if isinstance(node_selector, dict) else _EMPTY
-    routed = dict(node_selector)
-    if (cuda_version is not None and workload != "training"
-            and policy.spec.cuda_routing.node_selector and CUDA_VERSION_LABEL not in routed):
-        routed[CUDA_VERSION_LABEL] = cuda_version
+    routed = _routed(node_selector, cuda_version, workload, policy)
     terms = _terms(spec)
     terms_in = [_term_in(t) for t in terms]
     pool = _find_pool(compiled, node_selector, routed, terms_in) if compiled.pools else None
     shared = _shared_reasons(gcs, node_selector, terms_in, pool)
+    if dra_pod is not None:
+        shared.extend((r.path, r.why) for r in dra_pod.reasons)
     mutate = facts.stage == "mutate" and facts.operation == "CREATE"
     ctx = Context(
         pod=pod, spec=spec, facts=facts, policy=policy, compiled=compiled,
@@ -318,16 +389,86 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy) -> Dec
         cuda_label_invalid=cuda_invalid, node_selector=node_selector,
         required_terms=terms, pool=pool, shared_reasons=shared,
         mig=any(gc.mig for gc in gcs) or (pool is not None and pool.sharing == "mig"),
+        dra=dra_pod,
     )
     for rule in RULES:
         rule.check(ctx)
+    return _finish(meta, ctx.violations, ctx.patch, gpu=True, workload=workload,
+                   workload_reason=workload_reason, cuda_version=cuda_version,
+                   cuda_source=cuda_source)
 
-    violations = tuple(ctx.violations)
+
+def _with_dra(gcs: list[GpuContainer], dra_pod: DraPod,
+              spec: Mapping[str, Any]) -> list[GpuContainer]:
+    """The GPU containers plus those that get a GPU through DRA (docs/dra.md); a container
+    that also has a device-plugin resource carries its DRA view only when that is shared."""
+    if not dra_pod.containers:
+        return gcs
+    by_place = {(gc.kind, gc.index): gc for gc in gcs}
+    for dc in dra_pod.containers:
+        gc = by_place.get((dc.kind, dc.index))
+        if gc is None:
+            by_place[dc.kind, dc.index] = GpuContainer(dc.kind, dc.index, spec[dc.kind][dc.index],
+                                                       {}, shared=False, mig=dc.mig, dra=dc)
+        elif dc.shared:
+            gc.dra = dc
+    return sorted(by_place.values(), key=lambda gc: (gc.kind != "containers", gc.index))
+
+
+def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any],
+                    *, facts: RequestFacts, policy: Policy, dra_pod: DraPod) -> Decision:
+    """A pod whose only possible GPU is behind DRA references the cache does not hold:
+    report them (rule ``dra-reference-unknown``, see gpu_admission.rules.dra), mutate nothing
+    but the GPU-access guard's ``void`` for containers that use no claim."""
+    compiled = policy.compiled
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, dict) else _EMPTY
+    workload, reason, _ = _classify(meta, labels, compiled,
+                                    policy.spec.classification.default_workload)
+    exempt = _exemption(facts, compiled)
+    if exempt:
+        return Decision(allowed=True, gpu=True, workload=workload, workload_reason=reason,
+                        exempt=exempt)
+    training = workload == "training"
+    mode = compiled.modes[DRA_UNKNOWN] if training else compiled.dra_unknown_other
+    violations = [Violation(DRA_UNKNOWN, path, unknown_message(what, training), mode)
+                  for path, what in dra_pod.unresolved]
+    builder = PatchBuilder(pod) if facts.stage == "mutate" and facts.operation == "CREATE" \
+        else None
+    if facts.operation == "CREATE":
+        with_claims = frozenset(
+            (kind, i) for kind in ("containers", "initContainers")
+            for i, c in enumerate(spec.get(kind) or ())
+            if isinstance(c, dict) and isinstance(c.get("resources"), dict)
+            and c["resources"].get("claims"))
+        guard(spec, with_claims, compiled.modes, builder, violations)
+    return _finish(meta, violations, builder, gpu=True, workload=workload,
+                   workload_reason=reason)
+
+
+def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any],
+             facts: RequestFacts, compiled: Compiled) -> Decision:
+    """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt."""
+    if facts.operation != "CREATE":
+        return _ALLOWED
+    exempt = _exemption(facts, compiled)
+    if exempt:
+        return Decision(allowed=True, exempt=exempt)
+    builder = PatchBuilder(pod) if facts.stage == "mutate" else None
+    violations: list[Violation] = []
+    guard(spec, frozenset(), compiled.modes, builder, violations)
+    return _finish(meta, violations, builder, gpu=False)
+
+
+def _finish(meta: Mapping[str, Any], found: list[Violation], builder: PatchBuilder | None,
+            **about: Any) -> Decision:
+    """The Decision from the collected violations and declared changes: any enforce
+    violation denies (no patch); otherwise the patch plus our annotation, if anything changes."""
+    violations = tuple(found)
     allowed = not any(v.mode is Mode.ENFORCE for v in violations)
     warnings = tuple(dict.fromkeys(short_warning(v) for v in violations if v.mode is Mode.WARN))
     patch: tuple[dict[str, Any], ...] = ()
     changes: tuple[str, ...] = ()
-    builder = ctx.patch
     if allowed and builder is not None and not builder.empty:
         ops = builder.ops()
         if ops:
@@ -341,7 +482,5 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy) -> Dec
                 fields.append("metadata.annotations")
             patch = tuple(ops)
             changes = tuple(fields)
-    return Decision(
-        allowed=allowed, gpu=True, patch=patch, violations=violations, warnings=warnings,
-        workload=workload, workload_reason=workload_reason, cuda_version=cuda_version,
-        cuda_source=cuda_source, changes=changes)
+    return Decision(allowed=allowed, patch=patch, violations=violations, warnings=warnings,
+                    changes=changes, **about)

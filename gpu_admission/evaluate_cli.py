@@ -15,6 +15,13 @@ the document and the field).
 
 ``-o yaml`` prints the same objects as a multi-document YAML stream, each with ``mutated``: the
 object with every pod template's patch applied (denied pods are not patched).
+
+DRA (docs/dra.md): DeviceClasses, ResourceClaimTemplates and ResourceClaims in the files (and,
+with ``--cluster``, listed from a cluster) form the snapshot DRA pods are decided against; each
+claim and template also gets a row of its own (the claim rule set, ``template`` "").
+
+``--compiled`` (docs/compile.md): the same output, decided by evaluating the CEL of the
+admission policies ``gpu-admission compile`` emits (``gpu_admission.compile.offline``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import orjson
 import yaml
 
 from gpu_admission.decision import Decision, RequestFacts
+from gpu_admission.dra.model import DraSourceError
+from gpu_admission.dra.offline import OfflineDra, is_dra_object
 from gpu_admission.engine import evaluate as evaluate_pod
 from gpu_admission.patch import apply_ops
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
@@ -103,14 +112,19 @@ def _text(result: dict[str, Any], label: str) -> str:
     verdict = "ALLOWED" if result["allowed"] else "DENIED"
     where = f"{result['file']} document {result['document']}"
     lines = [f"{label} ({where}): {verdict}"]
-    if not result["gpu"]:
-        lines.append("  not a GPU pod: nothing to do")
-        return "\n".join(lines)
     if result["exempt"]:
         lines.append(f"  exempt: {result['exempt']}")
-    lines.append(f"  workload: {result['workload']} ({result['workloadReason']})")
-    cuda = result["cudaVersion"] or "unknown"
-    lines.append(f"  cuda: {cuda}" + (f" ({result['cudaSource']})" if result["cudaSource"] else ""))
+    if not result["gpu"]:
+        # Only the GPU-access guard applies (NVIDIA_VISIBLE_DEVICES=void, its denials).
+        if not (result["violations"] or result["patch"]):
+            lines.append("  not a GPU pod: nothing to do")
+            return "\n".join(lines)
+        lines.append("  not a GPU pod: GPU-access guard only")
+    else:
+        lines.append(f"  workload: {result['workload']} ({result['workloadReason']})")
+        cuda = result["cudaVersion"] or "unknown"
+        lines.append(f"  cuda: {cuda}"
+                     + (f" ({result['cudaSource']})" if result["cudaSource"] else ""))
     for v in result["violations"]:
         lines.append(f"  {v['mode']:<7} [{v['rule']}] {v['path']}: {v['message']}")
     for w in result["warnings"]:
@@ -138,9 +152,15 @@ def _text(result: dict[str, Any], label: str) -> str:
               show_default=True, help="mutate: the mutating webhook; validate: re-check only.")
 @click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text",
               show_default=True)
+@click.option("--cluster", default=None, metavar="KUBECONFIG|in-cluster",
+              help="Also read DeviceClasses, ResourceClaimTemplates, ResourceClaims and the "
+                   "pods naming claims from this cluster (read only) to decide DRA pods.")
+@click.option("--compiled", is_flag=True,
+              help="Decide with the compiled admission policies (`gpu-admission compile`), "
+                   "evaluated with cel-python, instead of the engine (docs/compile.md).")
 def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace: str | None,
              user: str, groups: tuple[str, ...], operation: str, stage: str,
-             output: str) -> None:
+             output: str, cluster: str | None, compiled: bool) -> None:
     """Evaluate Pods and workloads' pod templates offline against the GPU sharing policy.
 
     Exit code 0 when everything is allowed, 1 when anything is denied, 2 for unusable input.
@@ -149,13 +169,33 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
         policy: Policy = load_policy(policy_path) if policy_path else default_policy()
     except PolicyError as exc:
         raise InputError(f"policy: {exc}") from None
+    compiled_policy = None
+    if compiled:
+        from gpu_admission.compile.offline import CompiledEvaluator  # noqa: PLC0415 - lazy
+
+        compiled_policy = CompiledEvaluator(policy)
+        for rule in compiled_policy.stays:
+            click.echo(f"compiled: rule {rule} stays with the webhook (its pods are decided "
+                       "by the engine)", err=True)
 
     # Parse and check every input before printing anything, so exit 2 means "nothing evaluated".
     jobs: list[tuple[str, int, dict[str, Any], list[PodTemplate]]] = []
+    dra = OfflineDra()  # DeviceClasses, claims, templates: docs/dra.md
+    if cluster is not None:
+        try:
+            dra.load_cluster(cluster)
+        except DraSourceError as exc:
+            raise InputError(f"--cluster: {exc}") from None
     for name in filenames:
         for index, doc in enumerate(_read_documents(name), start=1):
             try:
+                if is_dra_object(doc):
+                    claim = dra.take(doc, namespace)
+                    if claim is not None:
+                        jobs.append((name, index, doc, [claim]))
+                    continue
                 templates = pod_templates(doc, namespace)
+                dra.add_pods(doc, templates)
             except WorkloadError as exc:
                 kind = doc.get("kind") if isinstance(doc, dict) else None
                 where = f"document {index} ({kind})" if isinstance(kind, str) and kind else (
@@ -178,7 +218,11 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
             facts = RequestFacts(namespace=tpl.pod["metadata"]["namespace"], operation=operation,
                                  user=user, groups=tuple(groups),
                                  stage="validate" if stage == "validate" else "mutate")
-            decision = evaluate_pod(tpl.pod, facts, policy)
+            if compiled_policy is not None and not dra.is_claim(tpl):
+                decision = compiled_policy.decide(tpl.pod, facts, dra.snapshot_for(tpl))
+            else:
+                decision = (dra.decide(tpl, facts, policy) if dra.is_claim(tpl)
+                            else evaluate_pod(tpl.pod, facts, policy, dra.snapshot_for(tpl)))
             denied = denied or not decision.allowed
             result = _result(name, index, doc, tpl, decision)
             results.append(result)

@@ -106,13 +106,18 @@ def running_prometheus(workdir: Path, config: dict[str, Any] | None = None,
         running.stop()
 
 
-def create_blocks(openmetrics: Path, storage: Path) -> None:
+def create_blocks(openmetrics: Path, storage: Path, *,
+                  max_block_duration: str | None = None) -> None:
     """Backfill an OpenMetrics file (timestamps in seconds, ending ``# EOF``) into ``storage``
-    with ``promtool tsdb create-blocks-from openmetrics``."""
+    with ``promtool tsdb create-blocks-from openmetrics``.
+
+    ``max_block_duration`` (promtool's hidden ``--max-block-duration``, e.g. ``"720h"``) cuts
+    fewer, longer blocks than the default 2 h ones: ~20x faster for days of history."""
     promtool = require_binary("promtool")
     storage.mkdir(parents=True, exist_ok=True)
+    extra = [f"--max-block-duration={max_block_duration}"] if max_block_duration else []
     result = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q",
-                             str(openmetrics), str(storage)],
+                             *extra, str(openmetrics), str(storage)],
                             capture_output=True, text=True, timeout=600, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"promtool failed ({result.returncode}): "

@@ -50,7 +50,8 @@ def test_decision_is_frozen() -> None:
                   "spec": {"template": make_pod()}}, id="deployment"),
     pytest.param({"kind": "Pod"}, id="pod-without-spec"),
     pytest.param({"kind": "Pod", "spec": {"containers": "nope"}}, id="containers-not-a-list"),
-    pytest.param(make_pod(containers=[make_container(gpu=None)]), id="cpu-pod"),
+    pytest.param(make_pod(containers=[make_container(gpu=None, env=[
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])]), id="cpu-pod-already-void"),
 ])
 def test_non_gpu_or_non_pod_allowed_without_patch(obj: dict[str, Any]) -> None:
     decision = evaluate(obj, facts(), default_policy())
@@ -137,9 +138,9 @@ def test_pod_cannot_exempt_itself(pod: dict[str, Any]) -> None:
 
 
 def test_non_gpu_pod_in_exempt_namespace() -> None:
-    pod = make_pod(containers=[make_container(gpu=None)])
+    pod = make_pod(containers=[make_container(gpu=None)])  # the GPU-access guard skips it too
     assert evaluate(pod, facts(namespace="kube-system"), default_policy()) == Decision(
-        allowed=True)
+        allowed=True, exempt="namespace kube-system")
 
 
 # --- annotation and warnings ----------------------------------------------------------

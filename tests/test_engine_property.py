@@ -27,7 +27,8 @@ from tests.policy_helpers import policy_with, pools_policy
 
 OWNED_ENV = {"NVIDIA_MEM_LIMIT_MB", "GPU_MEMORY_FRACTION", "XLA_CLIENT_MEM_FRACTION",
              "XLA_PYTHON_CLIENT_MEM_FRACTION", "TF_FORCE_GPU_ALLOW_GROWTH",
-             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"}
+             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+             "NVIDIA_VISIBLE_DEVICES"}  # the GPU-access guard's
 CUDA_LABEL = "gpu-admission.io/cuda-version"
 MUTATED = "gpu-admission.io/mutated"
 
@@ -41,7 +42,7 @@ quantities = st.sampled_from([1, "1", 2, "2", 0, "0"])
 env_values = st.one_of(
     st.builds(lambda v: {"value": v},
               st.sampled_from(["", "1", "8000", "16000", "99999", "0.1", "0.2", "0.9", "true",
-                               "false", "0=4096M", "lots"])),
+                               "false", "0=4096M", "lots", "void", "none", "all"])),
     st.just({"valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
 )
 env_entries = st.lists(

@@ -79,7 +79,12 @@ def test_mixed_file_denied_exit_1() -> None:
                    "pod gpu-admission.io/workload=inference if it only serves",
         "mode": "enforce"}]
     assert worker["patch"] == []
-    assert cpu["gpu"] is False and cpu["patch"] == []
+    assert cpu["gpu"] is False  # only the GPU-access guard: NVIDIA_VISIBLE_DEVICES=void
+    assert cpu["patch"] == [
+        {"op": "add", "path": "/spec/containers/0/env",
+         "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]},
+        {"op": "add", "path": "/metadata/annotations",
+         "value": {"gpu-admission.io/mutated": "env"}}]
 
 
 def test_text_output() -> None:
@@ -93,7 +98,9 @@ def test_text_output() -> None:
                for line in lines)
     assert any(line.startswith("  enforce [no-training-on-shared-gpu] spec.nodeSelector")
                for line in lines)
-    assert "  not a GPU pod: nothing to do" in lines
+    assert "  not a GPU pod: GPU-access guard only" in lines
+    assert ('    add /spec/containers/0/env [{"name":"NVIDIA_VISIBLE_DEVICES","value":"void"}]'
+            in lines)
 
 
 def test_yaml_output_carries_mutated_object() -> None:

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any, cast
@@ -49,13 +50,16 @@ from hypothesis import strategies as st
 
 from gpu_admission import vocab
 from gpu_admission.certs import generate_bundle, service_dns_names, write_bundle
-from gpu_admission.engine import gpu_containers
+from gpu_admission.decision import RequestFacts
+from gpu_admission.dra.cache import RESOURCES as DRA_RESOURCES
+from gpu_admission.engine import evaluate, gpu_containers
 from gpu_admission.install_certs import install_certs
 from gpu_admission.policy.model import default_policy, load_policy
 from gpu_admission.server.app import create_app, create_probe_app
 from gpu_admission.server.cli import serve
 from gpu_admission.server.config import ServerConfig
 from tests.builders import make_container, make_pod
+from tests.kube_api_support import api_in_thread
 from tests.server_support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +137,7 @@ def test_builtin_kinds_match_kubernetes_openapi_schema(target: str, version: str
 
 def test_strict_schema_check_catches_a_typo() -> None:
     """Guard against a validator that accepts anything: a misspelt field must fail."""
-    deployment = copy.deepcopy(one(render("base"), "Deployment"))
+    deployment = copy.deepcopy(one(render("base"), "Deployment", "gpu-admission"))
     deployment["spec"]["template"]["spec"]["containers"][0]["readinessprobe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, K8S_VERSIONS[-1], strict=True)
@@ -141,6 +145,17 @@ def test_strict_schema_check_catches_a_typo() -> None:
 
 def test_default_target_is_the_base() -> None:
     assert render("default") == render("base")
+
+
+# the gpu-aware-scheduler install (checked in tests/extender/test_scheduler_manifests.py)
+SCHEDULER_AUTH_READER = "gpu-aware-scheduler-extension-apiserver-authentication-reader"
+SCHEDULER_OBJECTS = [
+    "ServiceAccount/gpu-aware-scheduler", "ConfigMap/gpu-aware-scheduler-config",
+    "ClusterRoleBinding/gpu-aware-scheduler-as-kube-scheduler",
+    "ClusterRoleBinding/gpu-aware-scheduler-as-volume-scheduler",
+    f"RoleBinding/{SCHEDULER_AUTH_READER}", "Role/gpu-aware-scheduler-lease",
+    "RoleBinding/gpu-aware-scheduler-lease", "Deployment/gpu-aware-scheduler",
+    "PodDisruptionBudget/gpu-aware-scheduler"]
 
 
 def test_base_kinds_and_namespaces() -> None:
@@ -151,14 +166,19 @@ def test_base_kinds_and_namespaces() -> None:
         "ServiceAccount/gpu-admission-install-certs", "Role/gpu-admission-install-certs",
         "RoleBinding/gpu-admission-install-certs", "ClusterRole/gpu-admission-install-certs",
         "ClusterRoleBinding/gpu-admission-install-certs", "ConfigMap/gpu-admission-policy",
+        "ClusterRole/gpu-admission-dra-reader", "ClusterRoleBinding/gpu-admission-dra-reader",
         "Service/gpu-admission", "Deployment/gpu-admission", "PodDisruptionBudget/gpu-admission",
         "MutatingWebhookConfiguration/gpu-admission",
         "ValidatingWebhookConfiguration/gpu-admission", "Job/gpu-admission-install-certs",
-        "CronJob/gpu-admission-install-certs"])
+        "CronJob/gpu-admission-install-certs",
+        *SCHEDULER_OBJECTS])
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding",
                       "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
     for d in docs:
-        assert d["metadata"].get("namespace") == (None if d["kind"] in cluster_scoped else NS), \
+        # the scheduler's delegated-authentication RoleBinding must live next to its Role
+        expected = "kube-system" if d["metadata"]["name"] == SCHEDULER_AUTH_READER else NS
+        assert d["metadata"].get("namespace") == (
+            None if d["kind"] in cluster_scoped else expected), \
             f"{d['kind']}/{d['metadata']['name']}"
 
 
@@ -168,13 +188,17 @@ def webhooks(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
             if d["kind"].endswith("WebhookConfiguration") for w in d["webhooks"]]
 
 
+CLAIMS_HOOK = "validate-claims.gpu-admission.io"
+
+
 @pytest.mark.parametrize("target", ["base", "cert-manager"])
 def test_webhook_configuration_safety_settings(target: str) -> None:
     docs = render(target)
     namespace = one(docs, "Namespace")["metadata"]["name"]
     seen = {}
     for kind, hook in webhooks(docs):
-        seen[kind] = hook
+        if hook["name"] != CLAIMS_HOOK:
+            seen[kind] = hook
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["sideEffects"] == "None"
         assert hook["failurePolicy"] == "Fail"
@@ -187,6 +211,13 @@ def test_webhook_configuration_safety_settings(target: str) -> None:
         excluded = exprs["kubernetes.io/metadata.name"]
         assert excluded["operator"] == "NotIn"
         assert set(excluded["values"]) == {"kube-system", namespace}
+        if hook["name"] == CLAIMS_HOOK:  # DRA's second rule set (docs/dra.md)
+            assert (kind, hook["rules"]) == ("ValidatingWebhookConfiguration", [{
+                "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["resourceclaims",
+                                                        "resourceclaimtemplates"],
+                "scope": "Namespaced"}])
+            continue
         assert [r["resources"] for r in hook["rules"]] == [["pods"]]
         assert [r["apiGroups"] for r in hook["rules"]] == [[""]]
     assert set(seen) == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
@@ -204,7 +235,8 @@ def server_apps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     tmp = tmp_path_factory.mktemp("server")
     write_bundle(generate_bundle("gpu-admission", NS), tmp / "certs")
     policy = tmp / "policy.yaml"
-    policy.write_text(one(render("base"), "ConfigMap")["data"]["policy.yaml"])
+    policy.write_text(
+        one(render("base"), "ConfigMap", "gpu-admission-policy")["data"]["policy.yaml"])
     app = create_app(ServerConfig(cert_file=tmp / "certs" / "tls.crt",
                                   key_file=tmp / "certs" / "tls.key", policy_path=policy))
     return app, create_probe_app(app)
@@ -284,18 +316,59 @@ CEL_CASES = [
     ("lookalike-resource", make_pod(containers=[make_container(
         resource="nvidia.com/gpu-memory")]), False),
     ("other-vendor", make_pod(containers=[make_container(resource="amd.com/gpu")]), False),
+    # DRA (docs/dra.md): a claim entry, or a DeviceClass named as an extended resource
+    ("dra-claim", make_pod(containers=[{"name": "c", "image": "x", "resources": {
+        "claims": [{"name": "gpu"}]}}], resourceClaims=[
+            {"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]), True),
+    ("dra-deviceclass-resource", make_pod(containers=[make_container(
+        resource="deviceclass.resource.kubernetes.io/gpu.nvidia.com")]), True),
+]
+# Pods without a GPU resource that the GPU-access guard needs on CREATE unless they already
+# carry NVIDIA_VISIBLE_DEVICES=void|none everywhere and no hostPath: (id, pod, sent on CREATE).
+VOID_ENV = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+GUARD_CEL_CASES = [
+    *[(name, pod, True) for name, pod, gpu in CEL_CASES if not gpu],
+    ("cpu-void", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)]), False),
+    ("cpu-none", make_pod(containers=[make_container(gpu=None, env=[
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}])]), False),
+    ("cpu-void-among-others", make_pod(containers=[make_container(gpu=None, env=[
+        {"name": "A", "value": "1"}, *VOID_ENV])]), False),
+    ("cpu-all", make_pod(containers=[make_container(gpu=None, env=[
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])]), True),
+    ("cpu-void-then-all", make_pod(containers=[make_container(gpu=None, env=[
+        *VOID_ENV, {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])]), True),
+    ("cpu-value-from", make_pod(containers=[make_container(gpu=None, env=[
+        {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.name"}}}])]), True),
+    ("one-container-not-void", make_pod(containers=[
+        make_container("a", gpu=None, env=VOID_ENV), make_container("b", gpu=None)]), True),
+    ("init-container-not-void", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)],
+                                         init_containers=[make_container("i", gpu=None)]), True),
+    ("void-but-host-path", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)],
+                                    volumes=[{"name": "d", "hostPath": {"path": "/dev/dri"}}]),
+     True),
+    ("void-and-empty-dir", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)],
+                                    volumes=[{"name": "d", "emptyDir": {}}]), False),
     ("no-containers-field", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
                              "spec": {}}, False),
     ("no-spec", no_spec_pod(), False),
 ]
 
 
-@pytest.mark.parametrize(("pod", "expected"), [c[1:] for c in CEL_CASES],
-                         ids=[c[0] for c in CEL_CASES])
+@pytest.mark.parametrize(("pod", "expected"), [c[1:] for c in CEL_CASES if c[2]],
+                         ids=[c[0] for c in CEL_CASES if c[2]])
 @pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
-def test_match_conditions_select_only_gpu_pods(pod: dict[str, Any], expected: bool,
+def test_match_conditions_always_send_gpu_pods(pod: dict[str, Any], expected: bool,
                                                operation: str) -> None:
     assert cel_match(pod, operation) is expected
+
+
+@pytest.mark.parametrize(("pod", "on_create"), [c[1:] for c in GUARD_CEL_CASES],
+                         ids=[c[0] for c in GUARD_CEL_CASES])
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_match_conditions_send_non_gpu_pods_only_to_the_guard_on_create(
+        pod: dict[str, Any], on_create: bool, operation: str) -> None:
+    assert cel_match(pod, operation) is (on_create and operation == "CREATE")
 
 
 RESOURCE_NAMES = ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.5gb",
@@ -303,44 +376,69 @@ RESOURCE_NAMES = ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.
                   "nvidia.com/gpu-memory", "example.com/fpga"]
 quantities = st.sampled_from([0, 1, 2, "0", "1", "500m"])
 resource_maps = st.dictionaries(st.sampled_from(RESOURCE_NAMES), quantities, max_size=3)
+nvd_entries = st.sampled_from([
+    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"},
+    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"},
+    {"name": "NVIDIA_VISIBLE_DEVICES", "value": ""},
+    {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+    {"name": "OTHER", "value": "void"}])
 containers = st.builds(
-    lambda i, limits, requests, has_resources: {
-        "name": f"c{i}", "image": "img",
+    lambda i, limits, requests, has_resources, env: {
+        "name": f"c{i}", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
         **({"resources": {**({"limits": limits} if limits is not None else {}),
                           **({"requests": requests} if requests is not None else {})}}
-           if has_resources else {})},
-    st.integers(0, 99), st.none() | resource_maps, st.none() | resource_maps, st.booleans())
+           if has_resources else {}),
+        **({"env": env} if env is not None else {})},
+    st.integers(0, 99), st.none() | resource_maps, st.none() | resource_maps, st.booleans(),
+    st.none() | st.lists(nvd_entries, max_size=2))
+volumes = st.lists(st.sampled_from([
+    {"name": "v", "hostPath": {"path": "/dev/nvidia0"}}, {"name": "v", "hostPath": {"path": "/"}},
+    {"name": "v", "hostPath": {"path": "/var/log"}}, {"name": "v", "emptyDir": {}}]), max_size=2)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(containers, min_size=0, max_size=3), st.lists(containers, max_size=2))
-def test_match_conditions_never_skip_a_pod_the_engine_treats_as_gpu(
-        main: list[dict[str, Any]], init: list[dict[str, Any]]) -> None:
-    """The CEL filter must be a superset of the engine's GPU detection (a skipped pod is
-    never mutated or validated); it also sends zero-quantity GPU pods, which is harmless."""
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(containers, min_size=0, max_size=3), st.lists(containers, max_size=2), volumes,
+       st.sampled_from(["CREATE", "UPDATE"]))
+def test_match_conditions_never_skip_a_pod_the_engine_would_change_or_deny(
+        main: list[dict[str, Any]], init: list[dict[str, Any]], vols: list[dict[str, Any]],
+        operation: str) -> None:
+    """A pod the CEL filter skips is one the engine would neither change nor deny nor warn
+    about, at either webhook (so the filter is a superset of what matters); on UPDATE it
+    sends exactly the pods naming a GPU resource (zero-quantity ones too, harmlessly)."""
     spec: dict[str, Any] = {"containers": main}
     if init:
         spec["initContainers"] = init
+    if vols:
+        spec["volumes"] = vols
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}
     named_gpu = any(
         name in ("nvidia.com/gpu", "nvidia.com/gpu.shared") or name.startswith("nvidia.com/mig-")
         for c in main + init for key in ("limits", "requests")
         for name in (c.get("resources", {}).get(key) or {}))
-    matched = cel_match(pod)
-    assert matched is named_gpu
+    matched = cel_match(pod, operation)
+    if operation == "UPDATE":
+        assert matched is named_gpu
     if gpu_containers(spec):
         assert matched
+    if not matched:
+        for stage in ("mutate", "validate"):
+            decision = evaluate(pod, RequestFacts(namespace="team-a", operation=operation,
+                                                  stage=stage), default_policy())
+            assert (decision.allowed, decision.patch, decision.violations) == (True, (), ()), \
+                (stage, decision)
 
 
 # --------------------------------------------------------------------------- Deployment & co
 def test_service_selects_the_deployment_pods_and_ports_resolve() -> None:
     docs = render("base")
-    service, deployment = one(docs, "Service"), one(docs, "Deployment")
+    service, deployment = one(docs, "Service"), one(docs, "Deployment", "gpu-admission")
     template = deployment["spec"]["template"]
     labels = template["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    pdb = one(docs, "PodDisruptionBudget")
+    pdb = one(docs, "PodDisruptionBudget", "gpu-admission")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
     container = template["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -359,10 +457,10 @@ def test_service_selects_the_deployment_pods_and_ports_resolve() -> None:
 
 def test_availability_settings() -> None:
     docs = render("base")
-    deployment = one(docs, "Deployment")
+    deployment = one(docs, "Deployment", "gpu-admission")
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    assert one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert one(docs, "PodDisruptionBudget", "gpu-admission")["spec"]["minAvailable"] == 1
     keys = {s["topologyKey"] for s in
             deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]}
     assert "kubernetes.io/hostname" in keys
@@ -370,7 +468,8 @@ def test_availability_settings() -> None:
 
 def test_probes_hit_real_endpoints_on_the_plain_http_port(
         server_apps: tuple[Any, Any]) -> None:
-    container = one(render("base"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    container = one(render("base"), "Deployment", "gpu-admission")[
+        "spec"]["template"]["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     probes = {k: container[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
     assert probes["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -403,24 +502,33 @@ def known_options(command: click.Command, args: list[str]) -> dict[str, str | bo
     return parsed
 
 
-def test_deployment_args_start_the_real_server(tmp_path: Path) -> None:
+@pytest.fixture
+def kube_api(tmp_path: Path) -> Iterator[Path]:
+    """A kubeconfig for a test API serving the DRA resources (for ``--dra-watch``)."""
+    with api_in_thread(tmp_path) as kubeconfig:
+        yield kubeconfig
+
+
+def test_deployment_args_start_the_real_server(tmp_path: Path, kube_api: Path) -> None:
     """Run ``gpu-admission`` with the Deployment's args (mount paths and ports mapped to this
     machine): it must start, answer the probes on the plain-HTTP port, and exit 0 on SIGTERM."""
     docs = render("base")
-    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    container = one(docs, "Deployment", "gpu-admission")[
+        "spec"]["template"]["spec"]["containers"][0]
     args = list(container["args"])
     assert args[0] == "serve"
     known_options(serve, args[1:])
     write_bundle(generate_bundle("gpu-admission", NS), tmp_path / "certs")
     policy_dir = tmp_path / "policy"
     policy_dir.mkdir()
-    for key, text in one(docs, "ConfigMap")["data"].items():
+    for key, text in one(docs, "ConfigMap", "gpu-admission-policy")["data"].items():
         (policy_dir / key).write_text(text)
     https_port, metrics_port = free_port(), free_port()
     mapping = {flag(args, "--cert-dir"): str(tmp_path / "certs"),
                flag(args, "--policy"): str(policy_dir / Path(flag(args, "--policy")).name),
                flag(args, "--port"): str(https_port),
-               flag(args, "--metrics-port"): str(metrics_port)}
+               flag(args, "--metrics-port"): str(metrics_port),
+               flag(args, "--dra-watch"): str(kube_api)}
     local = [mapping.get(a, a) for a in args]
     proc = subprocess.Popen([sys.executable, "-m", "gpu_admission", *local, "--host",
                              "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -450,7 +558,7 @@ def test_deployment_args_start_the_real_server(tmp_path: Path) -> None:
 
 def test_mounts_match_the_paths_the_server_is_given() -> None:
     docs = render("base")
-    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    spec = one(docs, "Deployment", "gpu-admission")["spec"]["template"]["spec"]
     container = spec["containers"][0]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -475,7 +583,7 @@ def test_every_container_is_hardened_and_bounded() -> None:
     templates = pod_templates(docs)
     assert {name for name, _ in templates} == {
         "Deployment/gpu-admission", "Job/gpu-admission-install-certs",
-        "CronJob/gpu-admission-install-certs"}
+        "CronJob/gpu-admission-install-certs", "Deployment/gpu-aware-scheduler"}
     for name, template in templates:
         pod_sc = template["spec"]["securityContext"]
         assert pod_sc["runAsNonRoot"] is True, name
@@ -493,25 +601,40 @@ def test_every_container_is_hardened_and_bounded() -> None:
 
 def test_rbac_is_least_privilege() -> None:
     docs = render("base")
-    server_sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    server_sa = one(docs, "Deployment", "gpu-admission")[
+        "spec"]["template"]["spec"]["serviceAccountName"]
     job_spec = one(docs, "Job")["spec"]["template"]["spec"]
     job_sa = job_spec["serviceAccountName"]
     assert server_sa != job_sa
     assert one(docs, "ServiceAccount", server_sa)["automountServiceAccountToken"] is False
-    assert one(docs, "Deployment")["spec"]["template"]["spec"][
-        "automountServiceAccountToken"] is False
-    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    # only the webhook's pods mount the token: its DRA cache reads (docs/dra.md)
+    assert one(docs, "Deployment", "gpu-admission")["spec"]["template"]["spec"][
+        "automountServiceAccountToken"] is True
+    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                and not d["metadata"]["name"].startswith("gpu-aware-scheduler")]
     bound = {s["name"] for b in bindings for s in b["subjects"]}
-    assert bound == {job_sa}, "the server's ServiceAccount must have no RBAC at all"
+    assert bound == {job_sa, server_sa}
+    server_refs = [b["roleRef"] for b in bindings
+                   if any(s["name"] == server_sa for s in b["subjects"])]
+    assert server_refs == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "gpu-admission-dra-reader"}]
+    reader = one(docs, "ClusterRole", "gpu-admission-dra-reader")["rules"]
+    assert reader == [
+        {"apiGroups": ["resource.k8s.io"],
+         "resources": ["deviceclasses", "resourceclaims", "resourceclaimtemplates"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    # exactly what the cache watches: nothing more, nothing less
+    assert {r.name for r in DRA_RESOURCES} == {x for rule in reader for x in rule["resources"]}
 
     args = job_spec["containers"][0]["args"]
     secret, config = flag(args, "--secret"), flag(args, "--webhook-config")
-    role = one(docs, "Role")
+    role = one(docs, "Role", "gpu-admission-install-certs")
     assert sorted((tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"]),
                    tuple(r.get("resourceNames", ()))) for r in role["rules"]) == [
         (("",), ("secrets",), ("create",), ()),
         (("",), ("secrets",), ("get", "update"), (secret,))]
-    cluster_role = one(docs, "ClusterRole")
+    cluster_role = one(docs, "ClusterRole", "gpu-admission-install-certs")
     assert cluster_role["rules"] == [{
         "apiGroups": ["admissionregistration.k8s.io"],
         "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
@@ -526,7 +649,7 @@ def test_rbac_is_least_privilege() -> None:
 def test_install_certs_job_args_parse_and_match_the_objects() -> None:
     docs = render("base")
     service = one(docs, "Service")
-    for _, template in pod_templates(docs)[1:]:
+    for _, template in [t for t in pod_templates(docs) if "install-certs" in t[0]]:
         args = template["spec"]["containers"][0]["args"]
         assert args[0] == "install-certs"
         with click.Context(install_certs) as ctx:
@@ -539,7 +662,7 @@ def test_install_certs_job_args_parse_and_match_the_objects() -> None:
 
 # --------------------------------------------------------------------------- policy ConfigMap
 def test_configmap_policy_loads_in_the_real_model(tmp_path: Path) -> None:
-    text = one(render("base"), "ConfigMap")["data"]["policy.yaml"]
+    text = one(render("base"), "ConfigMap", "gpu-admission-policy")["data"]["policy.yaml"]
     path = tmp_path / "policy.yaml"
     path.write_text(text)
     policy = load_policy(path)
@@ -548,7 +671,7 @@ def test_configmap_policy_loads_in_the_real_model(tmp_path: Path) -> None:
 
 
 def test_commented_example_node_pools_are_valid(tmp_path: Path) -> None:
-    text = one(render("base"), "ConfigMap")["data"]["policy.yaml"]
+    text = one(render("base"), "ConfigMap", "gpu-admission-policy")["data"]["policy.yaml"]
     begin, end = "# BEGIN example nodePools", "# END example nodePools"
     head, rest = text.split(begin)
     block, tail = rest.split(end)
@@ -601,7 +724,8 @@ def test_cert_manager_overlay() -> None:
         assert ref["kind"] == "Issuer" and ref["group"] == "cert-manager.io"
         assert ref["name"] in issuers
     serving = certs["gpu-admission-tls"]["spec"]
-    secret = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"][0]["secret"]
+    secret = one(docs, "Deployment", "gpu-admission")[
+        "spec"]["template"]["spec"]["volumes"][0]["secret"]
     assert serving["secretName"] == secret["secretName"]
     assert serving["dnsNames"] == service_dns_names("gpu-admission", NS)
     assert not serving.get("isCA")
@@ -636,36 +760,14 @@ def test_device_plugin_config() -> None:
     assert "sharing" not in yaml.safe_load(cm["data"]["dedicated"])
 
 
-# scheduler-plugins apis/config/v1/types.go: TargetLoadPackingArgs = TrimaranSpec
-# (metricProvider{type,address,token,insecureSkipVerify}, watcherAddress) + defaultRequests,
-# defaultRequestsMultiplier (string), targetUtilization (int).
-TLP_ARGS = {"metricProvider", "watcherAddress", "defaultRequests", "defaultRequestsMultiplier",
-            "targetUtilization"}
-METRIC_PROVIDER = {"type", "address", "token", "insecureSkipVerify"}
-
-
 def test_scheduler_configuration() -> None:
-    (config,) = companion("gpu-aware-scheduler-config.yaml")
-    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert config["kind"] == "KubeSchedulerConfiguration"
+    """The gpu-aware-scheduler ships in the base now (no scheduler-plugins companion); its
+    KubeSchedulerConfiguration is checked in depth in tests/extender/test_scheduler_manifests.py."""
+    assert not (COMPANION / "gpu-aware-scheduler-config.yaml").exists()
+    cm = one(render("base"), "ConfigMap", "gpu-aware-scheduler-config")
+    config = yaml.safe_load(cm["data"]["config.yaml"])
     (profile,) = config["profiles"]
-    # the scheduler name the webhook writes into pods is the profile served here
     assert profile["schedulerName"] == default_policy().spec.scheduler_name
-    assert config["leaderElection"]["resourceName"] != "kube-scheduler"
-    score = profile["plugins"]["score"]
-    assert {"name": "TargetLoadPacking"} in score["enabled"]
-    args = {p["name"]: p["args"] for p in profile["pluginConfig"]}
-    tlp = args["TargetLoadPacking"]
-    assert set(tlp) <= TLP_ARGS
-    assert set(tlp["metricProvider"]) <= METRIC_PROVIDER
-    assert tlp["metricProvider"]["type"] in ("KubernetesMetricsServer", "Prometheus", "SignalFx")
-    assert tlp["metricProvider"]["address"].startswith("http")
-    assert isinstance(tlp["targetUtilization"], int) and 0 < tlp["targetUtilization"] <= 100
-    assert isinstance(tlp["defaultRequestsMultiplier"], str)
-    assert set(tlp["defaultRequests"]) == {"cpu"}  # Trimaran only reads the CPU entry
-    fit = args["NodeResourcesFit"]["scoringStrategy"]
-    assert fit["type"] == "MostAllocated"
-    assert {"name": vocab.GPU_RESOURCE, "weight": 5} in fit["resources"]
 
 
 DCGM_DEFAULT_COUNTERS = {  # NVIDIA/dcgm-exporter etc/default-counters.csv (gauges used here)
@@ -838,16 +940,17 @@ def test_dockerfile_multi_stage_non_root_and_matches_the_deployment() -> None:
     assert entrypoint == ["gpu-admission"]
     exposed = {int(p) for a in (a for i, a in final if i == "EXPOSE") for p in a.split()}
 
-    deployment = one(render("base"), "Deployment")
+    deployment = one(render("base"), "Deployment", "gpu-admission")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert pod["securityContext"]["runAsUser"] == int(uid)
     if gid:
         assert pod["securityContext"]["runAsGroup"] == int(gid)
     assert "command" not in container  # the image ENTRYPOINT runs
-    # the Deployment spells out the CMD and only adds the explicit ports
+    # the Deployment spells out the CMD and only adds the explicit ports and the DRA cache
     assert container["args"][:len(cmd)] == cmd
-    assert container["args"][len(cmd):] == ["--port", "8443", "--metrics-port", "8080"]
+    assert container["args"][len(cmd):] == ["--port", "8443", "--metrics-port", "8080",
+                                            "--dra-watch", "in-cluster"]
     assert exposed == {p["containerPort"] for p in container["ports"]}
     known_options(serve, cmd[1:])
     # every file the build copies exists in the repository

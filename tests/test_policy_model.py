@@ -47,7 +47,10 @@ def test_default_policy_values() -> None:
         "workload-label": Mode.WARN, "no-training-on-shared-gpu": Mode.ENFORCE,
         "scheduler-name": Mode.WARN, "cuda-version-conflict": Mode.ENFORCE,
         "cuda-node-selector-conflict": Mode.ENFORCE, "cuda-version-unknown": Mode.WARN,
-        "memory-limit": Mode.ENFORCE, "memory-limit-unverifiable": Mode.WARN}
+        "memory-limit": Mode.ENFORCE, "memory-limit-unverifiable": Mode.WARN,
+        "gpu-access-isolation": Mode.ENFORCE, "gpu-visible-devices": Mode.ENFORCE,
+        "gpu-device-hostpath": Mode.ENFORCE, "dra-reference-unknown": Mode.ENFORCE,
+        "dra-sharing-possible": Mode.WARN}
     assert set(policy.compiled.modes) == set(RULE_IDS)
     assert default_policy() is policy  # parsed once
 

@@ -62,8 +62,9 @@ def test_gpu_detection(pod: dict[str, Any], gpu: bool) -> None:
     decision, _ = run(pod)
     assert decision.gpu is gpu
     assert decision.allowed
-    if not gpu:
-        assert decision.patch == () and decision.workload is None
+    if not gpu:  # only the GPU-access guard: NVIDIA_VISIBLE_DEVICES=void, nothing else
+        assert decision.workload is None and decision.cuda_version is None
+        assert all(c.endswith(".env") or c == "metadata.annotations" for c in decision.changes)
 
 
 def test_quantity_int_and_string_give_the_same_patch() -> None:
@@ -78,9 +79,10 @@ def test_only_gpu_containers_get_memory_env() -> None:
                    init_containers=[make_container("fetch", gpu=None),
                                     make_container("warmup")])
     _, after = run(pod)
-    assert env_of(after, 0) == []
+    void = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]  # the GPU-access guard's
+    assert env_of(after, 0) == void
     assert env_of(after, 1) == DEFAULT_ENV
-    assert env_of(after, 0, "initContainers") == []
+    assert env_of(after, 0, "initContainers") == void
     assert env_of(after, 1, "initContainers") == DEFAULT_ENV
 
 

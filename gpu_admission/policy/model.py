@@ -19,7 +19,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -36,6 +36,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from gpu_admission.cuda import (
+    ImageRule,
+    check_digest,
+    compile_tag_glob,
+    image_lookup,
+    parse_repository,
+)
 from gpu_admission.decision import Mode
 from gpu_admission.vocab import CUDA_VERSION_LABEL
 
@@ -56,6 +63,11 @@ RULE_IDS: tuple[str, ...] = (
     "cuda-version-unknown",
     "memory-limit",
     "memory-limit-unverifiable",
+    "gpu-access-isolation",
+    "gpu-visible-devices",
+    "gpu-device-hostpath",
+    "dra-reference-unknown",
+    "dra-sharing-possible",
 )
 
 _CUDA_RE = re.compile(r"^\d{1,3}\.\d{1,3}$")
@@ -182,9 +194,77 @@ class MemoryLimits(_Model):
     env: MemoryEnv = Field(default_factory=MemoryEnv)
 
 
+class ImageCuda(_Model):
+    """One ``spec.cudaRouting.images`` entry: the CUDA of images the tag does not reveal.
+
+    Matching rules (repository normalisation, mirrors, digests, tag globs) are
+    :class:`gpu_admission.cuda.ImageRule`'s; ``gpu-admission images scan`` prints entries.
+    """
+
+    repository: StrictStr
+    tags: StrictStr | None = None  # fnmatch glob over the tag, e.g. "v0.6.*"
+    digests: list[StrictStr] = Field(default_factory=list)  # "sha256:<64 hex>"
+    cuda_version: CudaVersion = Field(alias="cudaVersion")
+
+    @field_validator("repository")
+    @classmethod
+    def _normalised_repository(cls, value: str) -> str:
+        try:
+            registry, repository = parse_repository(value)
+        except ValueError as exc:
+            raise PydanticCustomError("repository", "{why}, got {got}",
+                                      {"why": str(exc), "got": _got(value)}) from None
+        return f"{registry}/{repository}" if registry else repository
+
+    @field_validator("tags")
+    @classmethod
+    def _tag_glob(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                compile_tag_glob(value)
+            except ValueError as exc:
+                raise PydanticCustomError("tag_glob", "{why}, got {got}",
+                                          {"why": str(exc), "got": _got(value)}) from None
+        return value
+
+    @field_validator("digests")
+    @classmethod
+    def _digests(cls, values: list[str]) -> list[str]:
+        for value in values:
+            try:
+                check_digest(value)
+            except ValueError as exc:
+                raise PydanticCustomError("digest", "{why}, got {got}",
+                                          {"why": str(exc), "got": _got(value)}) from None
+        return values
+
+    def rule(self) -> ImageRule:
+        registry, repository = parse_repository(self.repository)
+        return ImageRule(registry, repository,
+                         compile_tag_glob(self.tags) if self.tags is not None else None,
+                         frozenset(self.digests), self.cuda_version)
+
+
 class CudaRouting(_Model):
     node_selector: bool = Field(default=True, alias="nodeSelector")
     driver_affinity: bool = Field(default=False, alias="driverAffinity")
+    # The cluster's own image -> CUDA table, consulted first (first match wins).
+    images: list[ImageCuda] = Field(default_factory=list)
+
+    @field_validator("images")
+    @classmethod
+    def _unique_images(cls, images: list[ImageCuda]) -> list[ImageCuda]:
+        seen: dict[tuple[str, str | None, tuple[str, ...]], int] = {}
+        for index, entry in enumerate(images):
+            key = (entry.repository, entry.tags, tuple(sorted(entry.digests)))
+            if key in seen:
+                raise PydanticCustomError(
+                    "duplicate_image",
+                    "entry [{index}] duplicates entry [{first}] (repository {repo}, same tags "
+                    "and digests): remove one", {"index": index, "first": seen[key],
+                                                 "repo": _got(entry.repository)})
+            seen[key] = index
+        return images
 
 
 class Classification(_Model):
@@ -224,14 +304,59 @@ class Placement(_Model):
     estimate), so both pack to the same target.
     """
 
-    # Shared-GPU pods are packed towards this SM utilisation of the best-fitting GPU, in %
+    # Shared-GPU pods are packed towards this SM utilisation of the GPU they will get, in %
     # (scheduler-plugins TargetLoadPacking's curve, applied to DCGM_FI_DEV_GPU_UTIL).
     target_utilization_percent: Percent = Field(default=70, alias="targetUtilizationPercent")
     # Free framebuffer a GPU must keep on top of the pod's memory share, in MiB.
     memory_headroom_mib: NonNegativeInt = Field(default=1024, alias="memoryHeadroomMiB")
-    # A GPU at or below this SM utilisation, in %, counts as idle (whole-GPU/training pods
-    # prefer nodes with idle GPUs; the report's idle threshold default).
+    # A GPU under this SM utilisation, in % (strictly: 10 means < 10 %), counts as idle
+    # (whole-GPU/training pods prefer nodes with idle GPUs; the report's idle threshold).
     idle_below_percent: Percent = Field(default=10, alias="idleBelowPercent")
+    # Which GPU of a node must hold a shared pod's share + headroom. The NVIDIA device
+    # plugin, not the scheduler, picks the GPU: the one with the fewest replicas allocated
+    # (k8s-device-plugin internal/rm/allocate.go, distributed policy; ties at random).
+    # "predicted": every GPU it may pick (fewest pods in dcgm-exporter's labels; exact with
+    # KUBERNETES_VIRTUAL_GPUS=true; never over-commits); "any": some GPU (packs tighter,
+    # can over-commit); "every": all GPUs. docs/extender.md has the measurements.
+    memory_fit: Literal["any", "every", "predicted"] = Field(default="any", alias="memoryFit")
+
+
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _device_class_name(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN_RE.match(value):
+        raise PydanticCustomError(
+            "device_class", "expected a DeviceClass name (DNS subdomain, e.g. gpu.nvidia.com), "
+            "got {got}", {"got": _got(value)})
+    return value
+
+
+class Dra(_Model):
+    """Dynamic Resource Allocation (``resource.k8s.io/v1``, docs/dra.md).
+
+    ``gpuDeviceClasses``: a container whose claim request (or extended resource) uses one of
+    these DeviceClasses is a GPU container (default: NVIDIA's DRA driver classes,
+    https://github.com/kubernetes-sigs/dra-driver-nvidia-gpu). A pod naming a template, claim
+    or class the webhook's cache does not hold yet is reported as ``dra-reference-unknown``:
+    training pods in that rule's mode (default enforce: denied, retry), other pods in
+    ``nonTrainingUnknownReferences`` (default warn: admitted with a warning, no memory env).
+    """
+
+    gpu_device_classes: list[Annotated[str, BeforeValidator(_device_class_name)]] = Field(
+        default_factory=lambda: ["gpu.nvidia.com", "mig.nvidia.com"],
+        alias="gpuDeviceClasses", min_length=1)
+    non_training_unknown_references: Mode = Field(default=Mode.WARN,
+                                                  alias="nonTrainingUnknownReferences")
+
+    @field_validator("gpu_device_classes")
+    @classmethod
+    def _unique_classes(cls, values: list[str]) -> list[str]:
+        if len(set(values)) != len(values):
+            dup = next(v for v in values if values.count(v) > 1)
+            raise PydanticCustomError("duplicate_class", "duplicate DeviceClass {name}",
+                                      {"name": _got(dup)})
+        return values
 
 
 class Exemptions(_Model):
@@ -253,6 +378,15 @@ class RuleModes(_Model):
     cuda_version_unknown: Mode = Field(default=Mode.WARN, alias="cuda-version-unknown")
     memory_limit: Mode = Field(default=Mode.ENFORCE, alias="memory-limit")
     memory_limit_unverifiable: Mode = Field(default=Mode.WARN, alias="memory-limit-unverifiable")
+    # The GPU-access guard (gpu_admission.rules.gpu_access): enforce = mutate / deny.
+    gpu_access_isolation: Mode = Field(default=Mode.ENFORCE, alias="gpu-access-isolation")
+    gpu_visible_devices: Mode = Field(default=Mode.ENFORCE, alias="gpu-visible-devices")
+    gpu_device_hostpath: Mode = Field(default=Mode.ENFORCE, alias="gpu-device-hostpath")
+    # DRA (docs/dra.md): a template/claim/class not in the cache, for training pods and
+    # claim objects (other pods: spec.dra.nonTrainingUnknownReferences); a training claim
+    # that may still land on a shared device.
+    dra_reference_unknown: Mode = Field(default=Mode.ENFORCE, alias="dra-reference-unknown")
+    dra_sharing_possible: Mode = Field(default=Mode.WARN, alias="dra-sharing-possible")
 
     def as_map(self) -> dict[str, Mode]:
         return {rule: getattr(self, rule.replace("-", "_")) for rule in RULE_IDS}
@@ -267,6 +401,7 @@ class PolicySpec(_Model):
     exemptions: Exemptions = Field(default_factory=Exemptions)
     placement: Placement = Field(default_factory=Placement)
     rules: RuleModes = Field(default_factory=RuleModes)
+    dra: Dra = Field(default_factory=Dra)
 
     @field_validator("node_pools")
     @classmethod
@@ -296,6 +431,11 @@ class Compiled:
     # pools whose selector has a label besides gpu-admission.io/cuda-version (explicit choice)
     explicit_pools: tuple[tuple[NodePool, tuple[tuple[str, str], ...]], ...]
     digest: str
+    # image reference -> CUDA "<major>.<minor>": spec.cudaRouting.images, then the built-ins
+    image_cuda: Callable[[str], str | None]
+    # spec.dra: GPU DeviceClass names; mode of dra-reference-unknown for non-training pods
+    dra_gpu_classes: frozenset[str] = frozenset()
+    dra_unknown_other: Mode = Mode.WARN
 
 
 class Policy(_Model):
@@ -326,6 +466,9 @@ class Policy(_Model):
             explicit_pools=tuple(s for s in selectors
                                  if any(k != CUDA_VERSION_LABEL for k, _ in s[1])),
             digest="sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16],
+            image_cuda=image_lookup([entry.rule() for entry in spec.cuda_routing.images]),
+            dra_gpu_classes=frozenset(spec.dra.gpu_device_classes),
+            dra_unknown_other=spec.dra.non_training_unknown_references,
         )
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_admission.decision import Mode, RequestFacts, Violation
+from gpu_admission.dra.analysis import DraContainer, DraPod
 from gpu_admission.patch import PatchBuilder
 from gpu_admission.policy.model import Compiled, NodePool, Policy
 
@@ -27,7 +28,8 @@ class GpuContainer:
     container: Mapping[str, Any]
     resources: dict[str, Any]  # GPU resource name -> quantity (limits win over requests)
     shared: bool  # a ".shared" resource (time-slicing/MPS with renameByDefault)
-    mig: bool  # a nvidia.com/mig-* resource
+    mig: bool  # a nvidia.com/mig-* resource (or, through DRA, only MIG slices)
+    dra: DraContainer | None = None  # set when (also) given a GPU through DRA (docs/dra.md)
 
     @property
     def path(self) -> str:
@@ -69,6 +71,7 @@ class Context:
     shared_reasons: list[tuple[str, str]]  # (field path, why it targets a time-sliced GPU)
     mig: bool
     violations: list[Violation] = field(default_factory=list)
+    dra: DraPod | None = None  # the DRA view of the pod, when it names claims or DRA resources
 
     def violate(self, rule: str, path: str, message: str) -> None:
         """Record a violation of ``rule`` in the mode the policy sets for it."""

@@ -104,6 +104,24 @@ def _mps_ok(limit_mib: int) -> Callable[[str], bool | None]:
 Wanted = list[tuple[str, str, Callable[[str], bool | None], str]]  # name, value, check, text
 
 
+def shares_a_gpu(workload: str, mig: bool, pool: NodePool | None) -> bool:
+    """Whether the memory limits apply: not training (never on a shared card), not MIG, and
+    the pod's pool is unknown or time-sliced/MPS. The scheduler extender asks the same
+    question (``gpu_admission.extender.placement``) to decide which pods must fit a share."""
+    if workload == "training" or mig:
+        return False
+    return pool is None or pool.shared  # a dedicated (sharing none) pool: not time-shared
+
+
+def memory_share(pool: NodePool | None, limits: MemoryLimits) -> tuple[int, float, str]:
+    """(MiB, fraction of the card, where it comes from) a container gets on a shared GPU:
+    ``memoryMiB // replicasPerGPU`` and ``1/replicasPerGPU`` of its pool, else the policy
+    defaults. The value written into ``NVIDIA_MEM_LIMIT_MB``; the extender reads it too."""
+    if pool is not None:
+        return pool.memory_per_replica_mib, 1 / pool.replicas_per_gpu, f"pool {pool.name}"
+    return limits.default_memory_mib, limits.default_fraction, "policy default"
+
+
 class MemoryLimit:
     ids: tuple[str, ...] = (LIMIT, UNVERIFIABLE)
 
@@ -117,15 +135,13 @@ class MemoryLimit:
         self._memo: dict[tuple[int, int, int], tuple[object, object, Wanted, str]] = {}
 
     def check(self, ctx: Context) -> None:
-        if ctx.workload == "training" or ctx.mig or not ctx.gpu_containers:
+        if not ctx.gpu_containers or not shares_a_gpu(ctx.workload, ctx.mig, ctx.pool):
             return
         pool = ctx.pool
-        if pool is not None and not pool.shared:
-            return  # a dedicated (sharing none) or MIG pool: the card is not time-shared
         limits = ctx.policy.spec.memory_limits
         mps = pool is not None and pool.sharing == "mps" and limits.env.mps_pinned_mem_limit
         for gc in ctx.gpu_containers:
-            if gc.mig:
+            if gc.mig or gc.dra is not None:  # DRA containers: gpu_admission.rules.dra
                 continue
             devices = gc.gpu_count if mps else 0  # only the MPS value depends on the count
             key = (id(pool), id(limits), devices)
@@ -176,18 +192,13 @@ class MemoryLimit:
                 ctx.patch.upsert_env(gc.kind, gc.index, name, value)
 
 
-def _wanted(pool: NodePool | None, limits: MemoryLimits, devices: int) -> tuple[Wanted, str]:
+def _wanted(pool: NodePool | None, limits: MemoryLimits, devices: int,
+            share: tuple[int, float, str] | None = None) -> tuple[Wanted, str]:
     """The env vars a container on ``pool`` (None: unknown pool) must have, with the value
     we set, the check of a value already there, and the expected value for messages; and
-    where the limit comes from. ``devices`` > 0: also the MPS per-device limit."""
-    if pool is not None:
-        mem_mib = pool.memory_per_replica_mib
-        fraction = 1 / pool.replicas_per_gpu
-        source = f"pool {pool.name}"
-    else:
-        mem_mib = limits.default_memory_mib
-        fraction = limits.default_fraction
-        source = "policy default"
+    where the limit comes from. ``devices`` > 0: also the MPS per-device limit. ``share``
+    (MiB, fraction, source) overrides :func:`memory_share` (DRA MPS claims, rules/dra.py)."""
+    mem_mib, fraction, source = share or memory_share(pool, limits)
     fraction_text = format_fraction(fraction)
     switches = limits.env
     wanted: Wanted = []

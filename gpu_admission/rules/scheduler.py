@@ -1,8 +1,11 @@
 """Rule ``scheduler-name``: GPU pods go to the GPU-aware scheduler profile.
 
-Why (seed article, option 2): scheduler-plugins' ``TargetLoadPacking`` packs work onto GPUs
-that are already partly used; it runs as a second profile (default name
-``gpu-aware-scheduler``), selected by ``spec.schedulerName``
+Why (seed article, option 2): GPU-aware placement packs shared-GPU pods onto GPUs that are
+already partly used instead of spreading them. The install ships it as a second scheduler
+(``webhook-manifests/base/scheduler-*.yaml``): the upstream kube-scheduler with profile
+``gpu-aware-scheduler`` (``NodeResourcesFit`` ``MostAllocated`` on the GPU resources) plus
+our DCGM-driven extender, ``gpu-admission extender`` (docs/extender.md). A pod reaches it
+through ``spec.schedulerName``
 (https://kubernetes.io/docs/tasks/extend-kubernetes/configure-multiple-schedulers/).
 A pod whose ``schedulerName`` is empty or ``default-scheduler`` gets the policy's scheduler; a
 pod naming another scheduler keeps it (reported, default mode warn); a pod with ``nodeName``

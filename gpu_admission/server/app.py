@@ -34,13 +34,12 @@ webhook``: any non-200 reply is a *failed call*, handled by the webhook's ``fail
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -52,12 +51,13 @@ from gpu_admission.auditlog.record import audit_annotations, decision_record
 from gpu_admission.auditlog.writer import DecisionLog
 from gpu_admission.certs import not_after
 from gpu_admission.decision import Decision, Stage
+from gpu_admission.dra.claims import evaluate_claim, is_claim_kind
 from gpu_admission.engine import evaluate
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.server.config import ServerConfig
 from gpu_admission.server.logs import info_writer, make_logger
 from gpu_admission.server.metrics import CONTENT_TYPE, Metrics
-from gpu_admission.server.reload import FileWatcher
+from gpu_admission.server.reload import FileWatcher, cancel_tasks
 from gpu_admission.server.tls import ReloadingContext, load_context
 from gpu_admission.server.wire import (
     Review,
@@ -68,6 +68,9 @@ from gpu_admission.server.wire import (
     parse_review,
     sanitize_warnings,
 )
+
+if TYPE_CHECKING:
+    from gpu_admission.dra.cache import DraCache
 
 JSON = "application/json"
 MUTATE_PATH = "/mutate"
@@ -93,6 +96,7 @@ class ServerState:
     watchers: list[FileWatcher] = field(default_factory=list)
     #: ``log.info`` without structlog's dispatch, for the per-review line (None: use log)
     log_info: Callable[[str, dict[str, Any]], None] | None = None
+    dra: DraCache | None = None  # the DRA watch cache (docs/dra.md), when configured
 
     def not_ready_reasons(self) -> list[str]:
         reasons = []
@@ -100,6 +104,8 @@ class ServerState:
             reasons.append("shutting down")
         if not self.started:
             reasons.append("not started")
+        if self.dra is not None and not self.dra.synced:
+            reasons.append("DRA cache not synced")
         return reasons
 
 
@@ -310,7 +316,9 @@ def _decide(review: Review, state: ServerState,
         "operation": review.operation, "user": review.user, "dry_run": review.dry_run,
         "api_version": review.api_version,
     }
-    if not review.is_pod or review.operation not in ("CREATE", "UPDATE"):
+    claim = is_claim_kind(review.group, review.kind) and review.operation == "CREATE" and (
+        review.obj is not None and not review.sub_resource)
+    if not claim and (not review.is_pod or review.operation not in ("CREATE", "UPDATE")):
         fields["decision"] = "skipped"  # not ours to judge: allowed untouched, no record
         fields["kind"] = review.kind
         return _review_response(encode_response(review.api_version, review.uid,
@@ -320,8 +328,10 @@ def _decide(review: Review, state: ServerState,
     facts = review.facts(effective)
     assert review.obj is not None  # parse_review guarantees a Pod on CREATE/UPDATE
     policy, digest = state.policy, state.policy_digest
+    dra = state.dra.snapshot() if state.dra is not None else None
     try:
-        decision = evaluate(review.obj, facts, policy)
+        decision = (evaluate_claim(review.obj, review.kind, facts, policy, dra) if claim
+                    else evaluate(review.obj, facts, policy, dra))
         body = _render(review, decision, effective)
         record = None if state.decision_log is None else decision_record(
             decision=decision, facts=facts, pod=review.obj, uid=review.uid,
@@ -434,6 +444,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
                                           lambda: reload_policy(state), state.log))
     state.tasks = [asyncio.create_task(w.run(), name=f"watch-{w.name}")
                    for w in state.watchers]
+    if state.dra is not None:
+        state.dra.start()
     state.started = True
     state.log.info("server_started", instance=cfg.instance, policy=str(cfg.policy_path or
                    "built-in default"), policy_digest=state.policy_digest,
@@ -443,13 +455,10 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         state.started = False
-        for task in state.tasks:
-            task.cancel()
-        for task in state.tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        state.tasks.clear()
+        await cancel_tasks(state.tasks)
         state.watchers.clear()
+        if state.dra is not None:
+            await state.dra.stop()
         if state.decision_log is not None:
             await state.decision_log.aclose()
             state.decision_log = None
@@ -474,6 +483,12 @@ def create_app(config: ServerConfig, *,
     _warn_if_expiring(log, config.cert_file, expiry)
     state.metrics.policy_loaded.set(time.time())
     state.metrics.in_flight.set_function(lambda: state.in_flight)
+    if config.dra_source is not None:
+        from gpu_admission.dra.cache import CacheMetrics, DraCache, api_client  # noqa: PLC0415
+        # imported here: the kubernetes client takes ~0.5 s to import, only DRA needs it
+        state.dra = DraCache(api_client(config.dra_source),
+                             metrics=CacheMetrics(state.metrics.registry), log=log,
+                             watch_timeout_seconds=config.dra_watch_timeout_seconds)
     state.metrics.receiving.set_function(lambda: state.receiving)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[STATE] = state

@@ -46,6 +46,10 @@ class ServerConfig:
     reload_interval_seconds: float = 1.0  # poll period for cert/key/policy files
     shutdown_delay_seconds: float = 2.0  # keep serving while not ready (endpoint removal)
     drain_timeout_seconds: float = 15.0  # wait at most this long for in-flight requests
+    #: DRA cache source (docs/dra.md): "in-cluster" (ServiceAccount) or a kubeconfig path;
+    #: None keeps no cache, so every DRA reference counts as unknown.
+    dra_source: str | None = None
+    dra_watch_timeout_seconds: int = 300  # server-side timeout of one watch request
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:

@@ -31,6 +31,17 @@ def file_signature(paths: Sequence[Path]) -> Signature:
     return tuple(out)
 
 
+async def cancel_tasks(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel background tasks (watchers, pollers) and wait for each to finish, then forget
+    them: used by the servers' cleanup contexts on shutdown."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    tasks.clear()
+
+
 class FileWatcher:
     """Calls ``on_change`` (in the event loop) whenever the files' signature changes.
 

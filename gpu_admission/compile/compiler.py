@@ -1,0 +1,362 @@
+"""Policy -> Kubernetes objects: one MutatingAdmissionPolicy and up to three
+ValidatingAdmissionPolicies (one per rule mode), each with its binding.
+
+Why this shape (facts: ``shared/reference/admission-policy-cel.md``):
+
+* The API server runs MutatingAdmissionPolicies before every validation, so the MAP is the
+  webhook's mutate stage and the VAPs are its validate stage: they see the mutated Pod.
+* A binding's ``validationActions`` apply to every validation of its policy, so the rule modes
+  become three policies: ``enforce`` -> ``[Deny]``, ``warn`` -> ``[Warn]``, ``audit`` ->
+  ``[Audit]``. Only the *first* failing validation of a policy is reported on a denial
+  (kubernetes/kubernetes#115920), so the deny policy has one validation whose message is the
+  webhook's whole denial message; the warn policy has one validation per warning slot.
+* The webhook never patches a pod it denies; a MAP cannot deny, so its patch is ``[]`` when an
+  enforce-mode rule is violated, and the deny policy rejects the unchanged pod.
+* Every expression is computed from the same variables (the engine's analysis, then one
+  compiler unit per rule, :mod:`gpu_admission.compile.units`); each object carries only the
+  variables its expressions use.
+* Scope is the shipped webhook configurations': opted-in namespaces
+  (``gpu-admission.io/enabled=true``), never ``kube-system``/``gpu-admission``, nor the
+  policy's exempt namespaces (``kubernetes.io/metadata.name``), users and groups
+  (``matchConditions``). Pods without a GPU are matched too: the GPU-access guard applies to
+  them; the GPU rules test ``variables.isGpu`` themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_admission.decision import Mode
+from gpu_admission.engine import MAX_WARNING
+from gpu_admission.patch import escape
+from gpu_admission.policy.model import RULE_IDS, Policy
+from gpu_admission.vocab import CUDA_VERSION_LABEL, MUTATED_ANNOTATION, NAMESPACE_OPT_IN_LABEL
+
+from .cel import concat, lit, rec, var
+from .units import (
+    UNITS,
+    WEBHOOK_ONLY,
+    CompileError,
+    Program,
+    Var,
+    WebhookOnly,
+    affinity_ops,
+    analysis,
+    unit_for,
+)
+
+GROUP = "admissionregistration.k8s.io/v1"
+DOMAIN = "gpu-admission.io"
+MAP_NAME = f"mutate.{DOMAIN}"
+VAP_NAMES = {Mode.ENFORCE: f"enforce.{DOMAIN}", Mode.WARN: f"warn.{DOMAIN}",
+             Mode.AUDIT: f"audit.{DOMAIN}"}
+ACTIONS = {Mode.ENFORCE: ["Deny"], Mode.WARN: ["Warn"], Mode.AUDIT: ["Audit"]}
+#: Warning slots of the warn policy; further warnings are joined into the last one.
+WARN_SLOTS = 16
+ALWAYS_EXCLUDED = ("kube-system", "gpu-admission")
+LABELS = {"app.kubernetes.io/name": "gpu-admission",
+          "app.kubernetes.io/component": "compiled-policy"}
+
+
+class CompileFailure(Exception):
+    """The policy has rules CEL cannot express (and ``--partial`` was not given)."""
+
+    def __init__(self, stays: dict[str, WebhookOnly]) -> None:
+        self.stays = stays
+        lines = [f"  {rule}: {s.field}: {s.why}" for rule, s in stays.items()]
+        super().__init__("cannot compile these rules into admission policies (use --partial "
+                         "to compile the rest and keep them with the webhook):\n"
+                         + "\n".join(lines))
+
+
+@dataclass(slots=True)
+class Compiled:
+    """The compiler's output: cluster objects in apply order, and what stays with the webhook."""
+
+    objects: list[dict[str, Any]]
+    comments: list[str]  # one header comment per object
+    stays: dict[str, WebhookOnly] = field(default_factory=dict)  # rule id -> why it stays
+
+
+def _metadata(name: str, policy: Policy) -> dict[str, Any]:
+    return {"name": name, "labels": dict(LABELS),
+            "annotations": {f"{DOMAIN}/policy-name": policy.metadata.name,
+                            f"{DOMAIN}/policy-digest": policy.digest}}
+
+
+def _match_constraints(policy: Policy, operations: list[str]) -> dict[str, Any]:
+    excluded = sorted(set(ALWAYS_EXCLUDED) | set(policy.spec.exemptions.namespaces))
+    return {
+        "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
+                           "resources": ["pods"], "scope": "Namespaced"}],
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": {"matchExpressions": [
+            {"key": NAMESPACE_OPT_IN_LABEL, "operator": "In", "values": ["true"]},
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}]},
+    }
+
+
+def match_conditions(policy: Policy) -> list[dict[str, str]]:
+    """The policy's exempt users and groups (engine._exemption) as matchConditions."""
+    out = []
+    users = policy.spec.exemptions.users
+    groups = policy.spec.exemptions.groups
+    if users:
+        out.append({"name": "not-exempt-user",
+                    "expression": f"!(request.userInfo.username in {lit(sorted(users))})"})
+    if groups:
+        listed = lit(sorted(groups))
+        out.append({"name": "not-exempt-group",
+                    "expression": "!(has(request.userInfo.groups) && "
+                                  f"request.userInfo.groups.exists(g, g in {listed}))"})
+    return out
+
+
+def _short_warning(v: str) -> str:
+    """engine.short_warning: ``<rule>: <message>``, whitespace runs collapsed, <= 120 chars."""
+    text = f'({v}.rule + ": " + {v}.message).split(" ").filter(s, s != "").join(" ")'
+    cut = MAX_WARNING - 3
+    return (f"[{text}].map(t, size(t) <= {MAX_WARNING} ? t : [t.substring(0, {cut})]"
+            f'.map(s, s.endsWith(" ") ? s.substring(0, size(s) - 1) : s)[0] + "...")[0]')
+
+
+def build_program(policy: Policy, *, partial: bool
+                  ) -> tuple[Program, dict[str, WebhookOnly]]:
+    """Run the analysis and every unit; collect the rules that stay with the webhook."""
+    prog = Program()
+    analysis(policy, prog)
+    stays: dict[str, WebhookOnly] = {}
+    for rule in RULE_IDS:
+        if rule in WEBHOOK_ONLY:
+            stays[rule] = WEBHOOK_ONLY[rule]
+        elif unit_for(rule) is None:
+            stays[rule] = WebhookOnly(f"spec.rules.{rule}", "no compiler unit for this rule "
+                                      "(gpu_admission/compile/units.py)", None)
+    for unit in UNITS:
+        if any(rule in stays for rule in unit.ids):
+            continue
+        attempt = Program()
+        attempt.variables = list(prog.variables)
+        try:
+            unit.emit(policy, attempt)
+        except CompileError as exc:
+            for rule in unit.ids:
+                stays[rule] = WebhookOnly(exc.field, exc.why, None)
+            continue
+        prog.variables = attempt.variables
+        prog.violations += attempt.violations
+        prog.ops += attempt.ops
+        prog.env_ops += attempt.env_ops
+        prog.kinds += attempt.kinds
+    if stays and not partial:
+        raise CompileFailure(stays)
+    names = {v.name for v in prog.variables}
+    for name, default in (("protect", "false"), ("driverOn", "false"), ("schedulerOp", "false"),
+                          ("nodeSelectorOp", "false"), ("cudaOk", "false")):
+        if name not in names:
+            prog.add(name, default, "rule compiled out (stays with the webhook)")
+    _finish(policy, prog, stays)
+    return prog, stays
+
+
+def _finish(policy: Policy, prog: Program, stays: dict[str, WebhookOnly]) -> None:
+    modes = {rule: mode for rule, mode in policy.compiled.modes.items() if rule not in stays}
+    prog.add("violations", concat(prog.violations),
+             "every violation {rule, path, message}, in the engine's rule order")
+    for mode, name in ((Mode.ENFORCE, "denials"), (Mode.WARN, "warns"), (Mode.AUDIT, "audits")):
+        ids = sorted(r for r, m in modes.items() if m is mode)
+        prog.add(name, f"{var('violations')}.filter(v, v.rule in {lit(ids)})",
+                 f"violations of the rules in {mode} mode")
+    prog.add("warnings", f"{var('warns')}.map(v, {_short_warning('v')}).distinct()",
+             "engine.short_warning per warn-mode violation, duplicates dropped")
+    target = policy.spec.scheduler_name
+    set_scheduler = rec(op=lit("add"), path=lit("/spec/schedulerName"), value=lit(target or ""))
+    sched = f"{var('schedulerOp')} ? [{set_scheduler}] : []"
+    version = var("cudaVersion")
+    add_label = rec(op=lit("add"), path=lit("/spec/nodeSelector/" + escape(CUDA_VERSION_LABEL)),
+                    value=version)
+    add_selector = rec(op=lit("add"), path=lit("/spec/nodeSelector"),
+                       value="{" + lit(CUDA_VERSION_LABEL) + ": " + version + "}")
+    ns_op = (f"!{var('nodeSelectorOp')} ? []\n"
+             f"  : has(object.spec.nodeSelector) ? [{add_label}]\n"
+             f"  : [{add_selector}]")
+    affinity_ops(policy, prog)
+    prog.add("envOps", concat(prog.env_ops) if prog.env_ops else "[]",
+             "env upserts by name: memory limits (GPU containers), then the guard's void")
+    ops = [sched, ns_op, *prog.ops, var("envOps")]
+    prog.add("denied", f"size({var('denials')}) > 0",
+             "the webhook never patches a pod it denies")
+    prog.add("ops", f"{var('denied')} ? [] : {concat(ops)}",
+             "PatchBuilder.ops(): scheduler, nodeSelector, affinity, env")
+    kinds = [(var("schedulerOp"), "schedulerName"), (var("nodeSelectorOp"), "nodeSelector"),
+             *prog.kinds, (f"size({var('envOps')}) > 0", "env")]
+    kind_list = concat(f"{cond} ? [{lit(kind)}] : []" for cond, kind in kinds)
+    ann = "object.metadata.annotations"
+    key = lit(MUTATED_ANNOTATION)
+    prog.add("mutatedBefore", f"has({ann}) && {key} in {ann} ? {ann}[{key}] : \"\"")
+    prog.add("mutatedValue",
+             f'({kind_list}\n  + {var("mutatedBefore")}.split(",").filter(k, k != ""))'
+             '.distinct().sort().join(",")',
+             "engine._annotation_value: sorted kinds of mutated fields, merged with the old value")
+    add_map = rec(op=lit("add"), path=lit("/metadata/annotations"),
+                  value="{" + key + ": " + var("mutatedValue") + "}")
+    add_key = rec(op=lit("add"), path=lit("/metadata/annotations/" + escape(MUTATED_ANNOTATION)),
+                  value=var("mutatedValue"))
+    annotation = f"!has({ann}) ? [{add_map}]\n  : [{add_key}]"
+    prog.add("patch", f"size({var('ops')}) == 0 ? []\n"
+                      f"  : {var('mutatedValue')} != {var('mutatedBefore')} || "
+                      f"!(has({ann}) && {key} in {ann}) ? {var('ops')} + ({annotation})\n"
+                      f"  : {var('ops')}",
+             "the RFC 6902 operations, with the gpu-admission.io/mutated annotation")
+    mode_of = {rule: str(mode) for rule, mode in modes.items()}
+    prog.add("auditRecord",
+             rec(decision=f'{var("denied")} ? "denied" : "allowed"',
+                 workload=f'{var("isGpu")} ? {var("workload")} : ""',
+                 **{"workload-reason": f'{var("isGpu")} ? {var("workloadReason")} : ""',
+                    "cuda-version": f'{var("isGpu")} ? {var("cudaVersion")} : ""',
+                    "cuda-source": f'{var("isGpu")} && {var("cudaVersion")} != "" ? '
+                                   f'{var("cudaSource")} : ""',
+                    "violations": f'{var("violations")}.map(v, v.rule + "=" + '
+                                  f'{lit(mode_of)}[v.rule]).join(",")',
+                    "warnings": f'size({var("warnings")}) > 0 ? string(size({var("warnings")})) '
+                                ': ""'}),
+             "the webhook's audit annotations (gpu_admission.auditlog.record)")
+
+
+_VAR_REF = re.compile(r"variables\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _needed(variables: list[Var], expressions: Iterable[str]) -> list[dict[str, str]]:
+    """The variables (in definition order) that ``expressions`` use, transitively."""
+    by_name = {v.name: v for v in variables}
+    need: set[str] = set()
+    todo = [m for e in expressions for m in _VAR_REF.findall(e)]
+    while todo:
+        name = todo.pop()
+        if name in need:
+            continue
+        need.add(name)
+        todo.extend(_VAR_REF.findall(by_name[name].expr))
+    return [{"name": v.name, "expression": _with_comment(v)} for v in variables
+            if v.name in need]
+
+
+def _with_comment(v: Var) -> str:
+    if not v.comment:
+        return v.expr
+    return f"// {v.comment}\n{v.expr}"
+
+
+def _binding(kind: str, name: str, policy: Policy, actions: list[str] | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"policyName": name}
+    if actions is not None:
+        spec["validationActions"] = actions
+    return {"apiVersion": GROUP, "kind": kind + "Binding", "metadata": _metadata(name, policy),
+            "spec": spec}
+
+
+def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
+    """The admission policies and bindings for ``policy``; raises CompileFailure naming the
+    rules CEL cannot express unless ``partial``."""
+    prog, stays = build_program(policy, partial=partial)
+    conditions = match_conditions(policy)
+    for index, pods in enumerate(dict.fromkeys(s.pods for s in stays.values() if s.pods)):
+        conditions.append({"name": f"not-for-the-webhook-{index + 1}",
+                           "expression": f"!({pods})"})
+    objects: list[dict[str, Any]] = []
+    comments: list[str] = []
+    mutate_expr = (f"{var('patch')}.map(o, "
+                   "JSONPatch{op: o.op, path: o.path, value: o.value})")
+    objects.append({
+        "apiVersion": GROUP, "kind": "MutatingAdmissionPolicy",
+        "metadata": _metadata(MAP_NAME, policy),
+        "spec": {
+            "failurePolicy": "Fail",
+            # Recomputed from the current object, so a second run adds nothing (idempotent).
+            "reinvocationPolicy": "IfNeeded",
+            "matchConstraints": _match_constraints(policy, ["CREATE"]),
+            **({"matchConditions": conditions} if conditions else {}),
+            "variables": _needed(prog.variables, [mutate_expr]),
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": mutate_expr}}],
+        }})
+    comments.append("The webhook's mutate stage (Pod CREATE): scheduler name, CUDA routing, "
+                    "training protection, memory env vars, NVIDIA_VISIBLE_DEVICES=void, the "
+                    f"{MUTATED_ANNOTATION} annotation. No patch when an enforce rule is broken.")
+    objects.append(_binding("MutatingAdmissionPolicy", MAP_NAME, policy, None))
+    comments.append("Binds the mutating policy (scope: the policy's matchConstraints).")
+    modes = {m for r, m in policy.compiled.modes.items() if r not in stays}
+    for mode in (Mode.ENFORCE, Mode.WARN, Mode.AUDIT):
+        if mode not in modes and mode is not Mode.AUDIT:
+            continue
+        name = VAP_NAMES[mode]
+        validations: list[dict[str, Any]] = []
+        audit_annotations: list[dict[str, str]] = []
+        if mode is Mode.ENFORCE:
+            validations.append({
+                "expression": f"size({var('denials')}) == 0",
+                "messageExpression": f'{var("denials")}.map(v, "[" + v.rule + "] " + v.path + '
+                                     '": " + v.message).join("; ")',
+                "message": "denied by the GPU sharing policy (gpu-admission)",
+                "reason": "Forbidden"})
+        elif mode is Mode.WARN:
+            for i in range(WARN_SLOTS):
+                last = i == WARN_SLOTS - 1
+                validations.append({
+                    "expression": f"size({var('warnings')}) <= {i}",
+                    "messageExpression": (f"{var('warnings')}.slice({i}, size({var('warnings')}))"
+                                          '.join("; ")' if last else
+                                          f"{var('warnings')}[{i}]"),
+                    "message": "GPU sharing policy warning (gpu-admission)"})
+        else:
+            if mode in modes:
+                validations.append({
+                    "expression": f"size({var('audits')}) == 0",
+                    "messageExpression": f'{var("audits")}.map(v, "[" + v.rule + "] " + v.path '
+                                         '+ ": " + v.message).join("; ")',
+                    "message": "GPU sharing policy audit finding (gpu-admission)"})
+            for key in ("decision", "workload", "workload-reason", "cuda-version",
+                        "cuda-source", "violations", "warnings"):
+                audit_annotations.append({"key": key,
+                                          "valueExpression": f"{var('auditRecord')}[{lit(key)}]"})
+        exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
+        exprs += [a["valueExpression"] for a in audit_annotations]
+        spec: dict[str, Any] = {
+            "failurePolicy": "Fail",
+            "matchConstraints": _match_constraints(policy, ["CREATE", "UPDATE"]),
+            **({"matchConditions": conditions} if conditions else {}),
+            "variables": _needed(prog.variables, exprs),
+        }
+        if validations:
+            spec["validations"] = validations
+        if audit_annotations:
+            spec["auditAnnotations"] = audit_annotations
+        objects.append({"apiVersion": GROUP, "kind": "ValidatingAdmissionPolicy",
+                        "metadata": _metadata(name, policy), "spec": spec})
+        comments.append({
+            Mode.ENFORCE: "Rules in enforce mode: one validation whose message is the "
+                          "webhook's whole denial message (the API server reports only the "
+                          "first failing validation).",
+            Mode.WARN: f"Rules in warn mode: one admission warning per validation slot "
+                       f"({WARN_SLOTS}; the last joins any further warnings).",
+            Mode.AUDIT: "Rules in audit mode, and the webhook's audit annotations "
+                        "(published as audit.gpu-admission.io/<key> in the audit log).",
+        }[mode])
+        objects.append(_binding("ValidatingAdmissionPolicy", name, policy, ACTIONS[mode]))
+        comments.append(f"Binds {name} with validationActions {ACTIONS[mode]}.")
+    return Compiled(objects=objects, comments=comments, stays=stays)
+
+
+def webhook_policy(policy: Policy, stays: dict[str, WebhookOnly]) -> dict[str, Any]:
+    """The policy for the webhook that keeps the rules CEL cannot express: the same policy.
+
+    When every rule that stays concerns only some pods (DRA pods), the webhook sees only those
+    pods, which the compiled policies skip, so it must apply every rule in full. When one
+    concerns every pod, the webhook sees every pod next to the compiled policies: mutations are
+    idempotent and denials agree, only warnings appear twice (docs/compile.md).
+    """
+    del stays
+    doc: dict[str, Any] = policy.model_dump(mode="json", by_alias=True)
+    return doc

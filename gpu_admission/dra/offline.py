@@ -1,0 +1,115 @@
+"""DRA for ``gpu-admission evaluate``: DeviceClasses, templates and claims read from the same
+files as the pods, turned into the snapshot the webhook's cache would hold.
+
+Who uses a ResourceClaim (S3) offline: every evaluated pod template that names it, each
+counted ``spec.replicas`` times for Deployments, StatefulSets and ReplicaSets (a pod template
+with 2 replicas naming one claim shares it). The pod being judged is not counted as another
+user of its own claim.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from gpu_admission.decision import Decision, RequestFacts
+from gpu_admission.dra.claims import evaluate_claim
+from gpu_admission.dra.model import CLAIM, DEVICE_CLASS, KINDS, TEMPLATE, DraSnapshot, Key
+from gpu_admission.dra.model import pod_claim_names as claim_names
+from gpu_admission.policy.model import Policy
+from gpu_admission.workloads import PodTemplate, WorkloadError
+
+_REPLICATED = frozenset({"Deployment", "StatefulSet", "ReplicaSet", "ReplicationController"})
+
+
+def is_dra_object(doc: Any) -> bool:
+    return isinstance(doc, dict) and doc.get("kind") in KINDS and str(
+        doc.get("apiVersion", "")).startswith("resource.k8s.io/")
+
+
+class OfflineDra:
+    """The DRA objects and claim users of one ``evaluate`` run."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
+        self._users: dict[Key, set[str]] = {}
+        self._ids: dict[int, str] = {}  # id(PodTemplate) -> user id of its first replica
+        self._snapshot: DraSnapshot | None = None
+
+    def take(self, doc: dict[str, Any], namespace: str | None) -> PodTemplate | None:
+        """Store a DRA object; a claim or template comes back as a job for the claim rules
+        (None for a DeviceClass)."""
+        kind = doc["kind"]
+        meta = doc.get("metadata")
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+            raise WorkloadError("metadata.name: required for a DRA object")
+        obj = copy.deepcopy(doc)
+        if kind != DEVICE_CLASS:
+            obj["metadata"]["namespace"] = namespace or meta.get("namespace") or "default"
+        self.objects[kind].append(obj)
+        self._snapshot = None
+        if kind == DEVICE_CLASS:
+            return None
+        ns = obj["metadata"]["namespace"]
+        return PodTemplate(pod=obj, pointer="", field="", label=f"{kind} {ns}/{meta['name']}")
+
+    def add_pods(self, doc: Mapping[str, Any], templates: list[PodTemplate]) -> None:
+        """Count the claims each pod template names (``replicas`` times when replicated)."""
+        replicas = 1
+        spec = doc.get("spec")
+        if doc.get("kind") in _REPLICATED and isinstance(spec, dict):
+            value = spec.get("replicas", 1)
+            replicas = value if isinstance(value, int) and value >= 0 else 1
+        for tpl in templates:
+            meta = tpl.pod.get("metadata", {})
+            ns = str(meta.get("namespace", "default"))
+            if doc.get("kind") == "Pod" and meta.get("name"):
+                keys = [f"{ns}/{meta['name']}"]  # as the webhook's cache names pods
+            else:
+                keys = [tpl.label] if replicas <= 1 else [f"{tpl.label} (replica {r + 1})"
+                                                          for r in range(replicas)]
+            self._ids[id(tpl)] = keys[0]
+            for name in claim_names(tpl.pod):
+                self._users.setdefault((ns, name), set()).update(keys)
+        self._snapshot = None
+
+    def load_cluster(self, source: str) -> None:
+        """Add the DeviceClasses, templates, claims and claim users of a live cluster
+        (``source``: a kubeconfig path or ``in-cluster``): one list of each, read only.
+        Raises :class:`~gpu_admission.dra.model.DraSourceError` naming what failed."""
+        from gpu_admission.dra.cache import list_objects  # noqa: PLC0415 - kubernetes: slow
+
+        found = list_objects(source)
+        for kind in KINDS:
+            self.objects[kind].extend(found[kind])
+        for pod in found["Pod"]:
+            meta = pod.get("metadata") or {}
+            ns = str(meta.get("namespace") or "")
+            for name in claim_names(pod):
+                self._users.setdefault((ns, name), set()).add(f"{ns}/{meta.get('name')}")
+        self._snapshot = None
+
+    def snapshot(self) -> DraSnapshot:
+        if self._snapshot is None:
+            self._snapshot = DraSnapshot.build(
+                classes=self.objects[DEVICE_CLASS], templates=self.objects[TEMPLATE],
+                claims=self.objects[CLAIM], claim_users=self._users)
+        return self._snapshot
+
+    def snapshot_for(self, tpl: PodTemplate) -> DraSnapshot:
+        """The snapshot as the pod of ``tpl`` sees it: itself not among the claim users."""
+        snap = self.snapshot()
+        own = self._ids.get(id(tpl))
+        if own is None:
+            return snap
+        users = {k: v - {own} for k, v in snap.claim_users.items()}
+        return dataclasses.replace(snap, claim_users=users)
+
+    @staticmethod
+    def is_claim(tpl: PodTemplate) -> bool:
+        return tpl.pod.get("kind") in (CLAIM, TEMPLATE)
+
+    def decide(self, tpl: PodTemplate, facts: RequestFacts, policy: Policy) -> Decision:
+        return evaluate_claim(tpl.pod, str(tpl.pod["kind"]), facts, policy, self.snapshot())
