@@ -84,6 +84,8 @@ def check_defaults(docs: Docs, tmp_path: Path) -> None:
     assert policy_of(docs, tmp_path).digest == default_policy().digest
     assert not_in(docs) == ["kube-system", NAMESPACE]
     assert not [d for d in docs if d["apiVersion"] not in BUILTIN_GROUPS]
+    # `helm install --create-namespace` makes the namespace: rendering it too would fail
+    assert not [d for d in docs if d["kind"] == "Namespace"]
 
 
 def check_cert_manager(docs: Docs, tmp_path: Path) -> None:
@@ -112,8 +114,10 @@ def check_service_monitor(docs: Docs, tmp_path: Path) -> None:
                                              "scrapeTimeout": "5s"}]
 
 
-def check_no_namespace(docs: Docs, tmp_path: Path) -> None:
-    assert not [d for d in docs if d["kind"] == "Namespace"]
+def check_namespace(docs: Docs, tmp_path: Path) -> None:
+    (ns,) = [d for d in docs if d["kind"] == "Namespace"]
+    assert ns["metadata"]["name"] == NAMESPACE
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def check_release_name(docs: Docs, tmp_path: Path) -> None:
@@ -239,8 +243,8 @@ CASES: dict[str, tuple[dict[str, Any], str, str, Callable[[Docs, Path], None]]] 
         "enabled": True, "interval": "15s", "scrapeTimeout": "5s",
         "labels": {"release": "kube-prometheus-stack"}}}}, RELEASE, NAMESPACE,
         check_service_monitor),
-    "namespace-not-created": ({"namespace": {"create": False}}, RELEASE, NAMESPACE,
-                              check_no_namespace),
+    "namespace-created": ({"namespace": {"create": True}}, RELEASE, NAMESPACE,
+                          check_namespace),
     "other-release-and-namespace": ({}, "ga", "platform", check_release_name),
     "extra-exemptions": ({"exemptions": {
         "namespaces": ["ci-runners", "batch", "kube-system"],

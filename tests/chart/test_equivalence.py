@@ -38,14 +38,26 @@ Docs = list[dict[str, Any]]
 
 
 # --------------------------------------------------------------------------- objects
+CREATE_NAMESPACE = {"namespace": {"create": True}}
+
+
 def test_chart_defaults_install_what_the_kustomize_base_installs() -> None:
+    """With its defaults the chart leaves the Namespace to `helm install --create-namespace`
+    (the contract's command): every other object of the base, identical."""
     report = drift(render_chart(), render("default"))
-    assert report == "", "charts/gpu-admission (defaults) and `kubectl kustomize " \
+    assert report == "only in kustomize: v1 Namespace gpu-admission", \
+        "charts/gpu-admission (defaults) and `kubectl kustomize webhook-manifests` differ " \
+        "beyond the Namespace; bring the chart in line:\n" + report
+
+
+def test_chart_with_its_namespace_installs_exactly_what_the_kustomize_base_installs() -> None:
+    report = drift(render_chart(CREATE_NAMESPACE), render("default"))
+    assert report == "", "charts/gpu-admission (namespace.create) and `kubectl kustomize " \
         "webhook-manifests` differ; bring the chart in line:\n" + report
 
 
 def test_chart_cert_manager_mode_installs_what_the_overlay_installs() -> None:
-    report = drift(render_chart({"certificates": {"mode": "certManager"}}),
+    report = drift(render_chart({"certificates": {"mode": "certManager"}, **CREATE_NAMESPACE}),
                    render("cert-manager"))
     assert report == "", "charts/gpu-admission (certificates.mode=certManager) and " \
         "webhook-manifests/overlays/cert-manager differ:\n" + report
