@@ -26,8 +26,9 @@ from gpu_admission.workloads import WorkloadError, expand_lists, pod_templates
 
 DATA = Path(__file__).parent / "data"
 SCHEMA_VERSION = "1.36.0"
-_MODULES = ("tests.test_rules", "tests.test_engine", "tests.test_engine_property",
-            "tests.test_evaluate_cli", "tests.test_manifests")
+_MODULES = ("tests.engine.test_rules", "tests.engine.test_engine",
+            "tests.engine.test_engine_property", "tests.engine.test_evaluate_cli",
+            "tests.install.test_manifests")
 
 
 def api_shaped(pod: Any) -> dict[str, Any] | None:

@@ -2,8 +2,8 @@
 
 - ``helm lint --strict`` is clean for the defaults and every documented value combination;
 - every combination renders, its built-in objects validate strictly against the Kubernetes
-  1.30 and 1.37 OpenAPI schemas (kubernetes-validate, as tests/test_manifests.py does for the
-  kustomize output), its CRD objects have the fields their projects define, and the objects
+  1.30 and 1.37 OpenAPI schemas (kubernetes-validate, as tests/install/test_manifests.py does
+  for the kustomize output), its CRD objects have the fields their projects define, and the objects
   refer to each other correctly (names, ports, Secret, install-certs arguments);
 - a wrong value type is refused by values.schema.json with the value's path, and the schema's
   ``policy`` part is the pydantic model's own JSON schema;
@@ -40,7 +40,7 @@ from tests.chart_support import (
     policy_configmap,
     render_chart,
 )
-from tests.test_manifests import (
+from tests.install.test_manifests import (
     BUILTIN_GROUPS,
     K8S_VERSIONS,
     flag,

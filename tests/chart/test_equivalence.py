@@ -31,8 +31,8 @@ from tests.chart_support import (
     render_chart,
     without_helm_metadata,
 )
+from tests.install.test_manifests import CEL_CASES, cel_program, one, render, webhooks
 from tests.server_support import SecretDir, make_config, new_bundle, running_server
-from tests.test_manifests import CEL_CASES, cel_program, one, render, webhooks
 
 Docs = list[dict[str, Any]]
 

@@ -20,8 +20,8 @@ import orjson
 
 from tests.builders import make_pod, make_review
 from tests.chart_support import component, render_chart
+from tests.install.test_manifests import flag, one
 from tests.server_support import SecretDir, make_config, new_bundle, poll_until, running_server
-from tests.test_manifests import flag, one
 
 
 class ConfigMapVolume:

@@ -189,8 +189,8 @@ class Checker:
             menv = self.env(declared, mutation=True)
             for i, mutation in enumerate(spec["mutations"]):
                 body = mutation.get("jsonPatch") or mutation.get("applyConfiguration")
-                returns = ("LIST<JSONPatch>",) if "jsonPatch" in mutation else ()
-                self.compile(menv, f"{name} mutations[{i}]", body["expression"], returns)
+                patch: tuple[str, ...] = ("LIST<JSONPatch>",) if "jsonPatch" in mutation else ()
+                self.compile(menv, f"{name} mutations[{i}]", body["expression"], patch)
 
 
 @pytest.mark.parametrize("policy", ["default", "modes"])

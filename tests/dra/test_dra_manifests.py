@@ -1,5 +1,5 @@
 """The shipped webhook configuration for the claim rule set: its matchConditions, compiled and
-evaluated with cel-python as the API server does (tests/test_manifests.py has the rest)."""
+evaluated with cel-python as the API server does (tests/install/test_manifests.py has the rest)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import celpy.adapter
 import pytest
 
 from tests.dra.objects import TRAINING, gpu_config, template
-from tests.test_manifests import cel_program, render, webhooks
+from tests.install.test_manifests import cel_program, render, webhooks
 
 SCHEDULER_CLAIM = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                    "metadata": {"generateName": "p-extended-resources-", "namespace": "ml",

@@ -32,8 +32,15 @@ from gpu_admission.policy.model import load_policy
 from gpu_admission.server.wire import parse_go_duration
 from tests.builders import make_pod
 from tests.extender_support import args_with_names, get, post, wait_for
+from tests.install.test_manifests import (
+    BUILTIN_GROUPS,
+    K8S_VERSIONS,
+    flag,
+    known_options,
+    one,
+    render,
+)
 from tests.server_support import free_port
-from tests.test_manifests import BUILTIN_GROUPS, K8S_VERSIONS, flag, known_options, one, render
 
 NS = "gpu-admission"
 SCHEDULER = "gpu-aware-scheduler"

@@ -27,7 +27,7 @@ from gpu_admission.prom import PrometheusClient
 from gpu_admission.report.html import AFTER_COLOR, IDLE_COLOR, SCALE
 from gpu_admission.report.query import fetch
 from gpu_admission.report.timeframe import Range
-from tests import test_audit_report as png  # decode_png, count_color, Chromium flags
+from tests import chromium_support as png  # decode_png, count_color, Chromium flags
 from tests.dcgm_history_support import Gpu, write_file
 from tests.prometheus_support import PrometheusProcess, create_blocks, running_prometheus
 from tests.report.expected import Settings, expected
@@ -335,13 +335,7 @@ def test_progress_is_drawn_on_a_terminal_only(env: Env) -> None:
 # --------------------------------------------------------------------------- HTML
 @pytest.fixture(name="chromium")
 def chromium_binary() -> str:
-    """Debian's chromium (as tests/test_audit_report.py): skipped locally without it, a
-    failure under CI."""
-    if png.CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed but CI is set (apt-get install -y chromium)")
-        pytest.skip("chromium not installed (apt-get install -y chromium); CI runs this")
-    return png.CHROMIUM
+    return png.chromium_or_skip()
 
 
 def test_html_in_headless_chromium_shows_the_json_figures(env: Env, chromium: str,

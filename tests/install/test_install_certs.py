@@ -41,7 +41,7 @@ from gpu_admission.certs import (
     write_bundle,
 )
 
-DATA = Path(__file__).parent / "data" / "install"
+DATA = Path(__file__).parent.parent / "data" / "install"
 NS = "gpu-admission"
 SVC = "gpu-admission"
 SECRET_PATH = f"/api/v1/namespaces/{NS}/secrets/{SVC}-tls"

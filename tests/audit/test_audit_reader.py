@@ -20,7 +20,7 @@ from gpu_admission.auditlog.reader import (
     webhook_matches,
 )
 
-DATA = Path(__file__).parent / "data" / "audit"
+DATA = Path(__file__).parent.parent / "data" / "audit"
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 

@@ -115,7 +115,7 @@ async def test_mutate_inference_pod_patch_yields_the_mutated_pod(server: Server)
     }
 
 
-DATA = Path(__file__).parent / "data" / "server"
+DATA = Path(__file__).parent.parent / "data" / "server"
 
 
 async def test_a_review_as_the_api_server_sends_it_gives_the_expected_pod(

@@ -62,7 +62,7 @@ from tests.builders import make_container, make_pod
 from tests.kube_api_support import api_in_thread
 from tests.server_support import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "webhook-manifests"
 COMPANION = MANIFESTS / "companion"
 TARGETS = {"default": MANIFESTS, "base": MANIFESTS / "base",

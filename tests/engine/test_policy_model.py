@@ -20,7 +20,7 @@ from gpu_admission.policy.model import (
     policy_from_yaml,
 )
 
-DATA = Path(__file__).parent / "data" / "evaluate"
+DATA = Path(__file__).parent.parent / "data" / "evaluate"
 
 
 def _doc(**spec: Any) -> dict[str, Any]:
@@ -183,7 +183,7 @@ def test_round_trip_by_alias() -> None:
 
 def test_docs_show_the_real_default() -> None:
     """The README's "built-in default" block is the default policy, field for field."""
-    text = (Path(__file__).parent.parent / "README.md").read_text()
+    text = (Path(__file__).parents[2] / "README.md").read_text()
     section = text.split("### The built-in default", 1)[1]
     block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     assert policy_from_yaml(block).model_dump() == default_policy().model_dump()

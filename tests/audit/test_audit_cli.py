@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-DATA = Path(__file__).parent / "data" / "audit"
+DATA = Path(__file__).parent.parent / "data" / "audit"
 ROTATED = str(DATA / "decisions.log*")  # decisions.log, .1 and .2.gz
 APISERVER = str(DATA / "apiserver-audit.log")
 CORRUPT = str(DATA / "corrupt.log")

@@ -14,7 +14,7 @@ import yaml
 
 from tests.policy_helpers import DEFAULT_ENV
 
-DATA = Path(__file__).parent / "data" / "evaluate"
+DATA = Path(__file__).parent.parent / "data" / "evaluate"
 
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
