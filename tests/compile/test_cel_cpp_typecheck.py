@@ -18,6 +18,12 @@ mutations only ``JSONPatch`` and ``jsonpatch.escapeKey`` (``pkg/cel/library/json
 ``pkg/cel/mutation/jsonpatch.go``). The request variables are ``dyn``, as the API server
 compiles them before it has type information. A function outside this list fails the test:
 that is the point.
+
+The API server also refuses list and map literals whose elements are not of one type
+(``cel.ValidateHomogeneousAggregateLiterals``, 1.29+: cel-go ``cel/validator.go``, which
+compares with ``Type.IsEquivalentType``, so ``dyn`` and ``string`` differ). cel-cpp has no such
+option; :func:`literal_mismatches` applies the same rule to cel-cpp's checked AST (the
+``cel.expr.CheckedExpr`` it serializes, decoded with the few message types declared below).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 
 import pytest
 from cel_expr_python import cel
-from google.protobuf import descriptor_pb2, descriptor_pool, struct_pb2
+from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, struct_pb2
 
 from tests.compile_support import compiled
 
@@ -129,6 +135,128 @@ def _jsonpatch_pool() -> Any:
     return pool
 
 
+# --------------------------------------------------------------------------- homogeneous literals
+def _checked_expr_class() -> Any:
+    """``cel.expr.CheckedExpr`` as far as the literal check reads it: the type map and the
+    expression tree (field numbers of cel-spec ``proto/cel/expr/checked.proto`` and
+    ``syntax.proto``; constants and identifiers are leaves, so left out)."""
+    proto = descriptor_pb2.FieldDescriptorProto
+    msg_t, str_t, i64, i32, bool_t = (proto.TYPE_MESSAGE, proto.TYPE_STRING, proto.TYPE_INT64,
+                                      proto.TYPE_INT32, proto.TYPE_BOOL)
+    file = descriptor_pb2.FileDescriptorProto(name="cel_expr_checked_subset.proto",
+                                              package="cel.expr", syntax="proto3")
+
+    def message(name: str, *fields: tuple[str, int, int, str]) -> Any:
+        """fields: (name, number, type, message type or "" ; a leading "*" = repeated)."""
+        msg = file.message_type.add(name=name)
+        for fname, number, ftype, type_name in fields:
+            field = msg.field.add(name=fname.lstrip("*"), number=number, type=ftype,
+                                  label=proto.LABEL_REPEATED if fname.startswith("*")
+                                  else proto.LABEL_OPTIONAL)
+            if type_name:
+                field.type_name = f".cel.expr.{type_name}"
+        return msg
+
+    message("Empty")
+    message("Type", ("dyn", 1, msg_t, "Empty"), ("null", 2, i32, ""), ("primitive", 3, i32, ""),
+            ("wrapper", 4, i32, ""), ("well_known", 5, i32, ""),
+            ("list_type", 6, msg_t, "ListType"), ("map_type", 7, msg_t, "MapType"),
+            ("message_type", 9, str_t, ""), ("type_param", 10, str_t, ""),
+            ("type", 11, msg_t, "Type"), ("error", 12, msg_t, "Empty"),
+            ("abstract_type", 14, msg_t, "AbstractType"))
+    message("ListType", ("elem_type", 1, msg_t, "Type"))
+    message("MapType", ("key_type", 1, msg_t, "Type"), ("value_type", 2, msg_t, "Type"))
+    message("AbstractType", ("name", 1, str_t, ""), ("*parameter_types", 2, msg_t, "Type"))
+    message("Select", ("operand", 1, msg_t, "Expr"), ("field", 2, str_t, ""))
+    message("Call", ("target", 1, msg_t, "Expr"), ("function", 2, str_t, ""),
+            ("*args", 3, msg_t, "Expr"))
+    message("CreateList", ("*elements", 1, msg_t, "Expr"), ("*optional_indices", 2, i32, ""))
+    message("Entry", ("id", 1, i64, ""), ("field_key", 2, str_t, ""),
+            ("map_key", 3, msg_t, "Expr"), ("value", 4, msg_t, "Expr"),
+            ("optional_entry", 5, bool_t, ""))
+    message("CreateStruct", ("message_name", 1, str_t, ""), ("*entries", 2, msg_t, "Entry"))
+    message("Comprehension", ("iter_var", 1, str_t, ""), ("iter_range", 2, msg_t, "Expr"),
+            ("accu_var", 3, str_t, ""), ("accu_init", 4, msg_t, "Expr"),
+            ("loop_condition", 5, msg_t, "Expr"), ("loop_step", 6, msg_t, "Expr"),
+            ("result", 7, msg_t, "Expr"))
+    message("Expr", ("id", 2, i64, ""), ("select_expr", 5, msg_t, "Select"),
+            ("call_expr", 6, msg_t, "Call"), ("list_expr", 7, msg_t, "CreateList"),
+            ("struct_expr", 8, msg_t, "CreateStruct"),
+            ("comprehension_expr", 9, msg_t, "Comprehension"))
+    entry = message("TypeMapEntry", ("key", 1, i64, ""), ("value", 2, msg_t, "Type"))
+    entry.options.map_entry = True
+    message("CheckedExpr", ("*type_map", 3, msg_t, "TypeMapEntry"), ("expr", 4, msg_t, "Expr"))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("cel.expr.CheckedExpr"))
+
+
+CHECKED_EXPR = _checked_expr_class()
+
+
+def _equivalent_key(typ: Any) -> bytes:
+    """A key equal for types cel-go's ``IsEquivalentType`` calls equivalent: same kind, name
+    and parameters, type-parameter names ignored."""
+    copy_ = type(typ).FromString(typ.SerializeToString())
+
+    def strip(t: Any) -> None:
+        if t.type_param:
+            t.type_param = "T"
+        for sub in (t.list_type.elem_type, t.map_type.key_type, t.map_type.value_type, t.type):
+            if sub.ByteSize():
+                strip(sub)
+        for param in t.abstract_type.parameter_types:
+            strip(param)
+
+    strip(copy_)
+    return bytes(copy_.SerializeToString(deterministic=True))
+
+
+def literal_mismatches(serialized: bytes) -> list[str]:
+    """cel-go's homogeneous-literal validator over cel-cpp's checked AST: every element of a
+    list literal, every key and every value of a map literal, of one type (arguments of
+    ``format`` exempt, as there)."""
+    checked = CHECKED_EXPR.FromString(any_pb2.Any.FromString(serialized).value)
+    types = checked.type_map
+    found: list[str] = []
+
+    def same(kind: str, exprs: list[Any], literal: int) -> None:
+        keys = [_equivalent_key(types[e.id]) for e in exprs]
+        for e, key in zip(exprs[1:], keys[1:], strict=True):
+            if key != keys[0]:
+                first, other = (str(types[x.id]).split() for x in (exprs[0], e))
+                found.append(f"literal #{literal}: {kind} {' '.join(first)} vs {' '.join(other)}")
+                return
+
+    def walk(e: Any, exempt: bool) -> None:
+        if e.HasField("list_expr"):
+            if not exempt and e.list_expr.elements:
+                same("element", list(e.list_expr.elements), e.id)
+            for element in e.list_expr.elements:
+                walk(element, exempt)
+        elif e.HasField("struct_expr"):
+            entries = list(e.struct_expr.entries)
+            if not exempt and entries and not e.struct_expr.message_name:
+                same("key", [x.map_key for x in entries], e.id)
+                same("value", [x.value for x in entries], e.id)
+            for x in entries:
+                walk(x.map_key, exempt)
+                walk(x.value, exempt)
+        elif e.HasField("call_expr"):
+            walk(e.call_expr.target, False)
+            for arg in e.call_expr.args:
+                walk(arg, e.call_expr.function == "format")
+        elif e.HasField("select_expr"):
+            walk(e.select_expr.operand, False)
+        elif e.HasField("comprehension_expr"):
+            c = e.comprehension_expr
+            for sub in (c.iter_range, c.accu_init, c.loop_condition, c.loop_step, c.result):
+                walk(sub, False)
+
+    walk(checked.expr, False)
+    return found
+
+
 class Checker:
     """Compiles one policy's expressions the way the API server does: variables in order,
     each declared for the later ones with its checked type (``variables.<name>``, as the
@@ -162,6 +290,7 @@ class Checker:
                 self.failures.append(f"{where}: {str(exc)[:500]}")
             return None
         self.checked += 1
+        self.failures += [f"{where}: {m}" for m in literal_mismatches(out.serialize())]
         typ = out.return_type()
         if returns and typ.name() not in (*returns, "DYN"):
             self.failures.append(f"{where}: returns {typ.name()}, expected {returns}")
@@ -250,3 +379,34 @@ def test_a_type_error_between_variables_is_caught() -> None:
     checker = Checker()
     checker.policy(obj)
     assert any("memEnv" in f and "_+_" in f for f in checker.failures), checker.failures
+
+
+@pytest.mark.parametrize(("expr", "found"), [
+    pytest.param('["a", object.metadata.name]', "element", id="string-and-dyn"),
+    pytest.param('{"a": 1, "b": "x"}', "value", id="int-and-string-values"),
+    pytest.param('[1, 2].map(i, {"i": i, "s": string(i)})', "value", id="inside-a-macro"),
+])
+def test_the_literal_check_refuses_what_the_api_server_refuses(
+        expr: str, found: str, envs: dict[bool, Any]) -> None:
+    (mismatch,) = literal_mismatches(envs[False].compile(expr).serialize())
+    assert f": {found} " in mismatch
+
+
+def test_the_literal_check_accepts_dyn_wrapped_and_uniform_literals(
+        envs: dict[bool, Any]) -> None:
+    for expr in ('{"a": dyn(1), "b": dyn("x")}', '["a", "b"]', '[[1], []]',
+                 '[object.spec, object.metadata]', '{"k": [1], "l": [2]}'):
+        assert literal_mismatches(envs[False].compile(expr).serialize()) == [], expr
+
+
+def test_an_unwrapped_mixed_map_in_the_compiled_program_is_caught() -> None:
+    """Drop one ``dyn()`` the compiler writes into a record map: the API server would refuse
+    the policy (int beside dyn values), and so does this check."""
+    obj = copy.deepcopy(next(o for o in compiled("default").objects
+                             if o["kind"] == "MutatingAdmissionPolicy"))
+    for variable in obj["spec"]["variables"]:
+        variable["expression"] = variable["expression"].replace('"at": dyn(at)', '"at": at')
+    checker = Checker()
+    checker.policy(obj)
+    assert any("memEnv" in f and "value dyn" in f and "primitive: 2" in f
+               for f in checker.failures), checker.failures
