@@ -317,10 +317,14 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
                     "messageExpression": f'{var("audits")}.map(v, "[" + v.rule + "] " + v.path '
                                          '+ ": " + v.message).join("; ")',
                     "message": "GPU sharing policy audit finding (gpu-admission)"})
+            # string(): the record's values are dyn (a homogeneous map literal), and the API
+            # server refuses a valueExpression whose checked type is not string or null
+            # (admission/plugin/cel/compile.go: "must evaluate to one of [string null_type]").
             for key in ("decision", "workload", "workload-reason", "cuda-version",
                         "cuda-source", "violations", "warnings"):
-                audit_annotations.append({"key": key,
-                                          "valueExpression": f"{var('auditRecord')}[{lit(key)}]"})
+                audit_annotations.append({
+                    "key": key,
+                    "valueExpression": f"string({var('auditRecord')}[{lit(key)}])"})
         exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
         exprs += [a["valueExpression"] for a in audit_annotations]
         spec: dict[str, Any] = {

@@ -35,7 +35,10 @@ import pytest
 from cel_expr_python import cel
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, struct_pb2
 
+from gpu_admission.compile.cli import webhook_objects
+from gpu_admission.policy.model import default_policy
 from tests.compile_support import compiled
+from tests.install.test_manifests import render
 
 
 def _overloads(name: str, *sigs: tuple[str, str | None, list[str], str]) -> str:
@@ -278,9 +281,10 @@ class Checker:
         return cel.NewEnv(config=self.configs[False], variables=names)
 
     def compile(self, env: Any, where: str, expr: str, returns: tuple[str, ...] = ()) -> Any:
-        """The checked result type, or None (the failure recorded). ``returns``: the type
-        names the API server accepts for this field (it refuses e.g. a ``messageExpression``
-        that is not a string); ``dyn`` is always accepted, as there."""
+        """The checked result type, or None (the failure recorded). ``returns``: the types
+        the API server accepts for this field, compared exactly as it does
+        (``admission/plugin/cel/compile.go``: ``ast.OutputType() == returnType``, so a ``dyn``
+        validation or audit value is refused: "must evaluate to one of [string null_type]")."""
         try:
             out = env.compile(expr)
         except Exception as exc:
@@ -292,7 +296,7 @@ class Checker:
         self.checked += 1
         self.failures += [f"{where}: {m}" for m in literal_mismatches(out.serialize())]
         typ = out.return_type()
-        if returns and typ.name() not in (*returns, "DYN"):
+        if returns and typ.name() not in returns:
             self.failures.append(f"{where}: returns {typ.name()}, expected {returns}")
         return typ
 
@@ -399,6 +403,20 @@ def test_the_literal_check_accepts_dyn_wrapped_and_uniform_literals(
         assert literal_mismatches(envs[False].compile(expr).serialize()) == [], expr
 
 
+def test_a_dyn_audit_annotation_value_is_caught() -> None:
+    """Without ``string()`` the audit values are ``dyn`` (the record map holds dyn values), which
+    the API server refuses for a ``valueExpression``."""
+    obj = copy.deepcopy(next(o for o in compiled("default").objects
+                             if o["metadata"]["name"] == "audit.gpu-admission.io"
+                             and o["kind"] == "ValidatingAdmissionPolicy"))
+    for note in obj["spec"]["auditAnnotations"]:
+        note["valueExpression"] = note["valueExpression"].removeprefix("string(")[:-1]
+    checker = Checker()
+    checker.policy(obj)
+    assert any("auditAnnotations[0].valueExpression: returns DYN" in f
+               for f in checker.failures), checker.failures
+
+
 def test_an_unwrapped_mixed_map_in_the_compiled_program_is_caught() -> None:
     """Drop one ``dyn()`` the compiler writes into a record map: the API server would refuse
     the policy (int beside dyn values), and so does this check."""
@@ -410,3 +428,23 @@ def test_an_unwrapped_mixed_map_in_the_compiled_program_is_caught() -> None:
     checker.policy(obj)
     assert any("memEnv" in f and "value dyn" in f and "primitive: 2" in f
                for f in checker.failures), checker.failures
+
+
+@pytest.mark.parametrize("source", ["webhook-manifests", "compile --partial"])
+def test_webhook_match_conditions_type_check_as_bool(source: str) -> None:
+    """The shipped webhook configurations' ``matchConditions`` and the scoped ones
+    ``compile --partial`` writes are compiled by the API server too (bool, no variables)."""
+    result = compiled("default")
+    docs = render("default") if source == "webhook-manifests" else \
+        webhook_objects(default_policy(), result.stays)
+    checker = Checker()
+    plain = checker.env({}, mutation=False)
+    hooks = [(d["metadata"]["name"], w) for d in docs
+             if d["kind"].endswith("WebhookConfiguration") for w in d["webhooks"]]
+    assert hooks
+    for config, hook in hooks:
+        for cond in hook.get("matchConditions", []):
+            checker.compile(plain, f"{config}/{hook['name']} {cond['name']}", cond["expression"],
+                            BOOL_T)
+    assert checker.checked >= len(hooks)
+    assert not checker.failures, "\n\n".join(checker.failures)
