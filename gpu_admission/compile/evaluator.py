@@ -237,8 +237,10 @@ def counting_cost() -> Iterator[list[int]]:
 
 
 # --------------------------------------------------------------------------- admission
-def _selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """A metav1.LabelSelector (matchLabels + In/NotIn/Exists/DoesNotExist)."""
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A metav1.LabelSelector as the API server evaluates it (matchLabels AND every
+    matchExpression; NotIn and DoesNotExist match an absent key).
+    https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#label-selectors"""
     for key, value in (selector.get("matchLabels") or {}).items():
         if labels.get(key) != value:
             return False
@@ -324,7 +326,7 @@ def _in_scope(spec: Mapping[str, Any], activation: dict[str, Any], operation: st
     rules = constraints.get("resourceRules") or []
     if not any(operation in r.get("operations", []) for r in rules):
         return False, ""
-    if not _selector_matches(constraints.get("namespaceSelector") or {}, namespace_labels):
+    if not selector_matches(constraints.get("namespaceSelector") or {}, namespace_labels):
         return False, "namespace"
     for condition in spec.get("matchConditions") or []:
         if not bool(run(condition["expression"], activation)):

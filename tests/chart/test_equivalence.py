@@ -23,6 +23,7 @@ import celpy.adapter
 import pytest
 
 from gpu_admission import vocab
+from gpu_admission.compile.evaluator import selector_matches
 from tests.builders import make_container, make_pod, make_review
 from tests.chart_support import (
     component,
@@ -104,29 +105,13 @@ def test_the_drift_check_reports_every_kind_of_difference() -> None:
 
 
 # --------------------------------------------------------------------------- decisions
-def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    """A LabelSelector evaluated as the API server does (matchLabels AND every
-    matchExpression; NotIn and DoesNotExist match an absent key).
-    https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#label-selectors"""
-    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
-        return False
-    for expr in selector.get("matchExpressions", []):
-        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
-        ok = {"In": key in labels and labels[key] in values,
-              "NotIn": key not in labels or labels[key] not in values,
-              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
-        if not ok:
-            return False
-    return True
-
-
 def called(hook: dict[str, Any], namespace_labels: dict[str, str], pod: dict[str, Any],
            operation: str) -> bool:
     """Would the API server call this webhook for a Pod ``operation``? (rules, then
     namespaceSelector, then every matchCondition)"""
     ops = {op for rule in hook["rules"] if "" in rule["apiGroups"] and "pods" in rule["resources"]
            for op in rule["operations"]}
-    if operation not in ops or not selects(hook["namespaceSelector"], namespace_labels):
+    if operation not in ops or not selector_matches(hook["namespaceSelector"], namespace_labels):
         return False
     activation = celpy.adapter.json_to_cel({
         "object": pod, "oldObject": pod if operation == "UPDATE" else None,
