@@ -170,8 +170,9 @@ def test_profile_packs_gpus_with_most_allocated(docs: list[dict[str, Any]]) -> N
     weights = {r["name"]: r["weight"] for r in strategy["resources"]}
     assert weights["nvidia.com/gpu"] == weights["nvidia.com/gpu.shared"] == 5
     assert weights["nvidia.com/gpu"] > max(weights["cpu"], weights["memory"])
-    assert {"name": "NodeResourcesBalancedAllocation"} in profile["plugins"]["score"][
+    assert {"name": "NodeResourcesBalancedAllocation"} in profile["plugins"]["multiPoint"][
         "disabled"]
+    assert profile["percentageOfNodesToScore"] == 100  # pack over every feasible node
 
 
 def test_profile_name_is_the_policys_scheduler_name(docs: list[dict[str, Any]],
