@@ -50,28 +50,52 @@ def webhook_objects(policy: Policy, stays: dict[str, WebhookOnly]) -> list[dict[
             ("MutatingWebhookConfiguration", "mutate.gpu-admission.io", "/mutate", ["CREATE"]),
             ("ValidatingWebhookConfiguration", "validate.gpu-admission.io", "/validate",
              ["CREATE", "UPDATE"])):
-        webhook: dict[str, Any] = {
-            "name": hook,
-            "clientConfig": {"service": {"name": "gpu-admission", "namespace": WEBHOOK_NAMESPACE,
-                                         "path": path, "port": 443}},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
-                       "resources": ["pods"], "scope": "Namespaced"}],
-        }
-        if kind.startswith("Mutating"):
-            webhook["reinvocationPolicy"] = "IfNeeded"
-        webhook.update({
-            "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
-            "timeoutSeconds": 5, "matchPolicy": "Equivalent",
-            "namespaceSelector": {"matchExpressions": [
-                {"key": "gpu-admission.io/enabled", "operator": "In", "values": ["true"]},
-                {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                 "values": ["kube-system", WEBHOOK_NAMESPACE]}]}})
+        webhook = _webhook(hook, path, {"apiGroups": [""], "apiVersions": ["v1"],
+                                        "operations": operations, "resources": ["pods"],
+                                        "scope": "Namespaced"},
+                           reinvoke=kind.startswith("Mutating"))
         if conditions:
             webhook["matchConditions"] = conditions
+        webhooks = [webhook]
+        if kind.startswith("Validating"):
+            # The claims webhook of the base install, unchanged: CEL cannot judge a
+            # ResourceClaim's sharing either, and an apply without it would drop it.
+            claims = _webhook(CLAIMS_HOOK, "/validate", {
+                "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                "resources": ["resourceclaims", "resourceclaimtemplates"],
+                "scope": "Namespaced"}, reinvoke=False)
+            claims["matchConditions"] = [{
+                "name": "not-an-extended-resource-claim",
+                "expression": "!has(object.metadata.annotations) ||\n  !('resource.kubernetes.io/"
+                              "extended-resource-claim' in object.metadata.annotations)\n"}]
+            webhooks.append(claims)
         out.append({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
                     "metadata": {"name": "gpu-admission", "labels": dict(WEBHOOK_LABELS)},
-                    "webhooks": [webhook]})
+                    "webhooks": webhooks})
     return out
+
+
+CLAIMS_HOOK = "validate-claims.gpu-admission.io"
+
+
+def _webhook(name: str, path: str, rule: dict[str, Any], *, reinvoke: bool) -> dict[str, Any]:
+    """One webhook as webhook-manifests/base writes it (service, settings, namespaceSelector)."""
+    webhook: dict[str, Any] = {
+        "name": name,
+        "clientConfig": {"service": {"name": "gpu-admission", "namespace": WEBHOOK_NAMESPACE,
+                                     "path": path, "port": 443}},
+        "rules": [rule],
+    }
+    if reinvoke:
+        webhook["reinvocationPolicy"] = "IfNeeded"
+    webhook.update({
+        "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+        "timeoutSeconds": 5, "matchPolicy": "Equivalent",
+        "namespaceSelector": {"matchExpressions": [
+            {"key": "gpu-admission.io/enabled", "operator": "In", "values": ["true"]},
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+             "values": ["kube-system", WEBHOOK_NAMESPACE]}]}})
+    return webhook
 
 
 @click.command(name="compile")

@@ -328,7 +328,10 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
         exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
         exprs += [a["valueExpression"] for a in audit_annotations]
         spec: dict[str, Any] = {
-            "failurePolicy": "Fail",
+            # A run-time error (a cost limit, say) denies under Fail whatever the binding's
+            # actions (validating/dispatcher.go): only enforce may deny, as with the webhook,
+            # so warn and audit ignore errors.
+            "failurePolicy": "Fail" if mode is Mode.ENFORCE else "Ignore",
             "matchConstraints": _match_constraints(policy, ["CREATE", "UPDATE"]),
             **({"matchConditions": conditions} if conditions else {}),
             "variables": _needed(prog.variables, exprs),

@@ -352,6 +352,11 @@ def _exemption(reason: str, facts: RequestFacts, objects: Sequence[Mapping[str, 
     return reason
 
 
+def ignores_errors(policy: Mapping[str, Any]) -> bool:
+    """``failurePolicy: Ignore``: a run-time error skips the policy instead of denying."""
+    return bool(policy["spec"].get("failurePolicy") == "Ignore")
+
+
 def namespace_labels(namespace: str) -> dict[str, str]:
     """``gpu-admission evaluate`` assumes the namespace opted in, as the engine does."""
     return {"kubernetes.io/metadata.name": namespace, "gpu-admission.io/enabled": "true"}
@@ -370,7 +375,11 @@ def admit(objects: Sequence[Mapping[str, Any]], pod: dict[str, Any], facts: Requ
     before: dict[str, Any] = {}  # expression -> value on the pod as received
     if audit is not None:  # the engine's analysis, on the pod as received
         values = _variables(audit["spec"], activation, before)
-        facts_view = {k: to_json(values[k]) for k in ("isGpu", "auditRecord")}
+        try:
+            facts_view = {k: to_json(values[k]) for k in ("isGpu", "auditRecord")}
+        except CelError:
+            if not ignores_errors(audit):
+                raise
     gpu = bool(facts_view.get("isGpu", False))
     record = facts_view.get("auditRecord", {})
     info: dict[str, Any] = {
@@ -418,37 +427,42 @@ def admit(objects: Sequence[Mapping[str, Any]], pod: dict[str, Any], facts: Requ
         if not matched:
             exempt = exempt or (why and _exemption(why, facts, policies))
             continue
-        actions = bindings[name]["spec"]["validationActions"]
-        values = _variables(policy["spec"], after, cache)
-        act = {**after, "variables": values}
-        mode = Mode.ENFORCE if "Deny" in actions else Mode.WARN if "Warn" in actions else Mode.AUDIT
-        for key, label in (("denials", Mode.ENFORCE), ("warns", Mode.WARN),
-                           ("audits", Mode.AUDIT)):
-            if label is mode and ct.StringType(key) in values:
-                selected[mode] = to_json(values[ct.StringType(key)])
-        if ct.StringType("violations") in values and not all_violations:
-            all_violations = to_json(values[ct.StringType("violations")])
-        for index, validation in enumerate(policy["spec"].get("validations") or []):
-            if bool(run(validation["expression"], act)):
-                continue
-            message = str(run(validation["messageExpression"], act))
-            if "\n" in message or len(message) > 5 * 1024:
-                message = validation.get("message", "")
-            if "Deny" in actions and allowed:
-                allowed = False
-                denial = (f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied "
-                          f"request: {message}")
-            if "Warn" in actions:
-                warnings.append(message)
-                sent.append(f"Validation failed for ValidatingAdmissionPolicy '{name}' with "
-                            f"binding '{name}': {message}")
-            if "Audit" in actions:
-                failures.append({"message": message, "policy": name, "binding": name,
-                                 "expressionIndex": index, "validationActions": actions})
-        for annotation in policy["spec"].get("auditAnnotations") or []:
-            value = run(annotation["valueExpression"], act)
-            if value is not None and str(value):
-                notes[f"{name}/{annotation['key']}"] = str(value)
+        try:
+            actions = bindings[name]["spec"]["validationActions"]
+            values = _variables(policy["spec"], after, cache)
+            act = {**after, "variables": values}
+            mode = (Mode.ENFORCE if "Deny" in actions else Mode.WARN if "Warn" in actions
+                    else Mode.AUDIT)
+            for key, label in (("denials", Mode.ENFORCE), ("warns", Mode.WARN),
+                               ("audits", Mode.AUDIT)):
+                if label is mode and ct.StringType(key) in values:
+                    selected[mode] = to_json(values[ct.StringType(key)])
+            if ct.StringType("violations") in values and not all_violations:
+                all_violations = to_json(values[ct.StringType("violations")])
+            for index, validation in enumerate(policy["spec"].get("validations") or []):
+                if bool(run(validation["expression"], act)):
+                    continue
+                message = str(run(validation["messageExpression"], act))
+                if "\n" in message or len(message) > 5 * 1024:
+                    message = validation.get("message", "")
+                if "Deny" in actions and allowed:
+                    allowed = False
+                    denial = (f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied "
+                              f"request: {message}")
+                if "Warn" in actions:
+                    warnings.append(message)
+                    sent.append(f"Validation failed for ValidatingAdmissionPolicy '{name}' with "
+                                f"binding '{name}': {message}")
+                if "Audit" in actions:
+                    failures.append({"message": message, "policy": name, "binding": name,
+                                     "expressionIndex": index, "validationActions": actions})
+            for annotation in policy["spec"].get("auditAnnotations") or []:
+                value = run(annotation["valueExpression"], act)
+                if value is not None and str(value):
+                    notes[f"{name}/{annotation['key']}"] = str(value)
+        except CelError:  # this policy's failurePolicy decides
+            if not ignores_errors(policy):
+                raise
     if failures:
         notes["validation.policy.admission.k8s.io/validation_failure"] = orjson.dumps(
             failures).decode()

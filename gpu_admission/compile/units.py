@@ -610,12 +610,12 @@ def _wanted(policy: Policy) -> list[tuple[str, str, str, str]]:
     if env.nvidia_mem_limit_mb:
         out.append((memory.NVIDIA_MEM_LIMIT_MB, f"string({mem})", int_check,
                     f'"<= " + string({mem}) + " (MiB)"'))
-    digits = "[0-9](_?[0-9])*"
-    float_re = f"'^[+-]?({digits}(\\\\.({digits})?)?|\\\\.{digits})([eE][+-]?{digits})?$'"
+    float_re = _FLOAT_RE
     low = f"{t}.lowerAscii()"
     frac_check = (f"{low}.matches('^[+-]?(inf|infinity)$') ? \"exceeds\"\n"
                   f"  : {low}.matches('^[+-]?nan$') ? \"invalid\"\n"
                   f"  : !{t}.matches({float_re}) ? \"invalid\"\n"
+                  f"  : v in {var('largeFractions')} ? \"exceeds\"\n"
                   f"  : double({t}.replace(\"_\", \"\")) > 0.0 && "
                   f"double({t}.replace(\"_\", \"\")) <= {var('fractionMax')}\n"
                   '    ? "ok" : "exceeds"')
@@ -628,6 +628,37 @@ def _wanted(policy: Policy) -> list[tuple[str, str, str, str]]:
         out.append((memory.TF_FORCE_GPU_ALLOW_GROWTH, '"true"',
                     f'{low} == "true" ? "ok" : "exceeds"', '"true"'))
     return out
+
+
+def _at_least_ten() -> str:
+    """|v| >= 10, decided on the text of a number ``float_re`` accepted, for ``v`` bound.
+
+    Why: cel-go's ``double()`` is ``strconv.ParseFloat``, which fails on a value beyond the
+    double range (``1e400``, 400 digits): a run-time error, so a denial under
+    ``failurePolicy: Fail`` even in warn or audit mode, where the webhook (Python ``float``:
+    ``inf``) only reports "exceeds". A fraction limit is at most 1, so every value of 10 or more
+    exceeds it, and below 10 ``double()`` cannot overflow. The decimal magnitude of
+    ``<int>.<frac>e<exp>`` is (significant integer digits - 1) + exp, or, without integer
+    digits, exp - (leading zeros of frac) - 1; an exponent of more than 7 digits is decided
+    without ``int()`` (it would overflow): huge means >= 10, tiny means 0 (both "exceeds").
+    Used by the ``largeFractions`` variable, not inline: nested in ``memEnv`` it would push
+    that expression past cel-cpp's parser depth (tests/compile/test_cel_cpp_typecheck.py)."""
+    s = 'n.split("e")'
+    mant_int = f'{s}[0].split(".")[0]'
+    frac = f'{s}[0].split(".")[1]'
+    sig = "find('[1-9][0-9]*$')"
+    magnitude = (f"(size({mant_int}.{sig}) >= 1 ? size({mant_int}.{sig}) - 1\n"
+                 f'      : (size({s}[0].split(".")) > 1 ? size({frac}.{sig}) - size({frac}) : 0)'
+                 " - 1)\n"
+                 f"    + (size({s}) > 1 ? int({s}[1]) : 0) >= 1")
+    return (f'[v.trim().replace("_", "").lowerAscii()].map(n,\n'
+            f"    size({s}) > 1 && size({s}[1].{sig}) > 7 ? true\n"
+            f"    : {magnitude})[0]")
+
+
+_AT_LEAST_TEN = _at_least_ten()
+_DIGITS = "[0-9](_?[0-9])*"
+_FLOAT_RE = f"'^[+-]?({_DIGITS}(\\\\.({_DIGITS})?)?|\\\\.{_DIGITS})([eE][+-]?{_DIGITS})?$'"
 
 
 _MPS_RE = ("'(?i)^\\\\s*[0-9]+\\\\s*=\\\\s*[0-9]+(\\\\.[0-9]+)?\\\\s*[kmgt]?(i?b)?\\\\s*$'")
@@ -643,7 +674,11 @@ def _mps_check() -> str:
               f'[{unit}.matches("^[kmgt]") ? {unit}.substring(0, 1) : ""]')
     mib = f"double({num}) * {factor}"
     limit = f"double({var('memMiB')})"
-    bad = f"{entries}.filter(e, !e.matches({_MPS_RE}) || !({mib} > 0.0 && {mib} <= {limit}))"
+    # A size of more than 300 significant digits exceeds any limit and would overflow
+    # double() (a run-time error in cel-go, see _at_least_ten): decided on the text.
+    huge = f"size({num}.split(\".\")[0].find('[1-9][0-9]*$')) > 300"
+    bad = (f"{entries}.filter(e, !e.matches({_MPS_RE}) || ({huge} ? true\n"
+           f"  : !({mib} > 0.0 && {mib} <= {limit})))")
     return (f"size({entries}) == 0 ? \"invalid\"\n"
             f"  : size({bad}) == 0 ? \"ok\"\n"
             f"  : {bad}[0].matches({_MPS_RE}) ? \"exceeds\" : \"invalid\"")
@@ -686,6 +721,16 @@ class MemoryUnit:
         prog.add("memSource", per_pool(lambda p: f"pool {p.name}", "policy default"))
         mps = any(p.sharing == "mps" for p in pools) and limits.env.mps_pinned_mem_limit
         prog.add("mps", f'{var("poolSharing")} == "mps" && {lit(limits.env.mps_pinned_mem_limit)}')
+        fractions = [n for n, on in ((memory.GPU_MEMORY_FRACTION, limits.env.gpu_memory_fraction),
+                                     (memory.XLA_CLIENT_MEM_FRACTION, limits.env.jax_mem_fraction),
+                                     (memory.XLA_PYTHON_CLIENT_MEM_FRACTION,
+                                      limits.env.jax_mem_fraction)) if on]
+        prog.add("largeFractions",
+                 f"{var('gpu')}.map(g, has(g.c.env) ? g.c.env.filter(e, has(e.name) && "
+                 f"e.name in {lit(fractions)} && has(e.value)).map(e, e.value) : []).flatten()"
+                 f".filter(v, v.trim().matches({_FLOAT_RE}) ? {_AT_LEAST_TEN} : false)",
+                 "fraction values of 10 or more, decided on the text (double() of 1e400 is a "
+                 "run-time error in cel-go)")
         wanted = _wanted(policy)
         if mps:
             mem = var("memMiB")

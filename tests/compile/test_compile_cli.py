@@ -20,6 +20,7 @@ from gpu_admission.compile.units import UNITS, WEBHOOK_ONLY, unit_for
 from gpu_admission.policy.model import RULE_IDS, default_policy, load_policy, policy_from_yaml
 from tests.builders import make_container, make_pod
 from tests.compile_support import modes_policy
+from tests.install.test_manifests import render
 from tests.policy_helpers import DATA
 
 # kubernetes-validate ships schemas up to 1.37; 1.36 is the first with admissionregistration v1
@@ -216,3 +217,32 @@ def test_evaluate_compiled_yaml_has_the_same_mutated_objects() -> None:
     args = ["evaluate", "-o", "yaml", "-f", str(DATA / "workloads.yaml")]
     assert (CliRunner().invoke(main, [*args, "--compiled"]).stdout
             == CliRunner().invoke(main, args).stdout)
+
+
+def _comparable(hook: dict[str, Any]) -> dict[str, Any]:
+    """A webhook without its clientConfig (caBundle is added at install) and with pod
+    matchConditions dropped (the partial ones are scoped); CEL compared without the trailing
+    newline of a YAML block scalar."""
+    out = {k: v for k, v in hook.items() if k not in ("clientConfig", "matchConditions")}
+    if "pods" not in hook["rules"][0]["resources"]:
+        out["matchConditions"] = [{**c, "expression": c["expression"].strip()}
+                                  for c in hook["matchConditions"]]
+    return out
+
+
+def test_partial_webhook_side_is_the_base_install_scoped(partial_output: str) -> None:
+    """Applied over a kustomize or Helm install, the webhook configurations replace the
+    base's: every webhook of the base must be there with the same settings (an omitted one,
+    like the ResourceClaim webhook, would be dropped by the apply); only the pod webhooks'
+    matchConditions differ (scoped to what the webhook keeps)."""
+    base = {(d["kind"], w["name"]): w for d in render("default")
+            if d["kind"].endswith("WebhookConfiguration") for w in d["webhooks"]}
+    partial = {(d["kind"], w["name"]): w for d in docs(partial_output)
+               if d["kind"].endswith("WebhookConfiguration") for w in d["webhooks"]}
+    assert partial.keys() == base.keys()
+    for key, hook in base.items():
+        assert _comparable(partial[key]) == _comparable(hook), key
+        assert partial[key]["clientConfig"]["service"] == hook["clientConfig"]["service"]
+        if "pods" in hook["rules"][0]["resources"]:
+            assert [c["name"] for c in partial[key]["matchConditions"]] == [
+                "kept-by-the-webhook"]
