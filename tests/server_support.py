@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import signal
 import socket
 import ssl
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -225,3 +227,14 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def sigterm_and_collect(proc: subprocess.Popen[str], timeout: float = 30) -> str:
+    """SIGTERM a server subprocess and return its stderr once it exited (killed, and the
+    timeout re-raised, when it does not exit): the caller asserts on ``proc.returncode``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise

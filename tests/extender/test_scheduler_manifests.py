@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +39,7 @@ from tests.install.test_manifests import (
     one,
     render,
 )
-from tests.server_support import free_port
+from tests.server_support import free_port, sigterm_and_collect
 
 NS = "gpu-admission"
 SCHEDULER = "gpu-aware-scheduler"
@@ -313,10 +312,5 @@ def test_sidecar_args_start_the_real_extender(docs: list[dict[str, Any]],
         code, reply = post(f"http://127.0.0.1:{port}{prefix}/filter", body)
         assert (code, reply["NodeNames"], reply["FailedNodes"]) == (200, ["gpu-1"], {})
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        err = sigterm_and_collect(proc)
     assert proc.returncode == 0, err

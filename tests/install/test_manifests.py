@@ -28,7 +28,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -60,7 +59,7 @@ from gpu_admission.server.cli import serve
 from gpu_admission.server.config import ServerConfig
 from tests.builders import make_container, make_pod
 from tests.kube_api_support import api_in_thread
-from tests.server_support import free_port
+from tests.server_support import free_port, sigterm_and_collect
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "webhook-manifests"
@@ -547,12 +546,7 @@ def test_deployment_args_start_the_real_server(tmp_path: Path, kube_api: Path) -
             assert proc.poll() is None, proc.communicate()[1]
         assert status == {"/healthz": 200, "/readyz": 200}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        err = sigterm_and_collect(proc)
     assert proc.returncode == 0, err
 
 
