@@ -14,6 +14,25 @@ WORKLOAD_LABEL: Final = "gpu-admission.io/workload"  # training | inference | no
 CUDA_VERSION_LABEL: Final = "gpu-admission.io/cuda-version"  # pod label and node-pool label
 MUTATED_ANNOTATION: Final = "gpu-admission.io/mutated"
 
+# --- fractional GPUs (``sharing: fractional`` pools; docs/extender.md) ---------------
+# The pod's GPU-memory share in MiB (integer string). Set by the webhook; a user may set it
+# to ask for a fraction explicitly. The ledger's truth together with the pod's ConfigMap.
+GPU_MEMORY_ANNOTATION: Final = "gpu-admission.io/gpu-memory"
+# The name of the pod's own ConfigMap that holds its GPU (recorded by the webhook).
+GPU_CONFIGMAP_ANNOTATION: Final = "gpu-admission.io/gpu-configmap"
+# ConfigMap name = prefix + the admission request's UID (pods from controllers have only
+# generateName at admission). 24 + 36 characters: a valid DNS subdomain.
+GPU_CONFIGMAP_PREFIX: Final = "gpu-admission-gpu-"
+GPU_CONFIGMAP_KEY: Final = "NVIDIA_VISIBLE_DEVICES"  # the ConfigMap's data key
+# The extended resource a fractional pod requests instead of nvidia.com/gpu, in MiB; the
+# install advertises it on the pool's nodes (GPUs x memoryMiB), so kube-scheduler's
+# NodeResourcesFit and ResourceQuota (requests.gpu-admission.io/gpu-memory) count it.
+GPU_MEMORY_RESOURCE: Final = "gpu-admission.io/gpu-memory"
+# Reservation pods (one whole nvidia.com/gpu per opened GPU): label, and the annotation on
+# which ``gpu-admission reserve`` publishes the UUID of the GPU it was given (NVML).
+RESERVATION_LABEL: Final = "gpu-admission.io/reservation"  # value "true"
+GPU_UUID_ANNOTATION: Final = "gpu-admission.io/gpu-uuid"
+
 WORKLOAD_CLASSES: Final = ("training", "inference", "notebook")
 
 # --- GPU resources (NVIDIA device plugin) ------------------------------------------

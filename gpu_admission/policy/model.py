@@ -50,7 +50,7 @@ API_VERSION = "gpu-admission.io/v1alpha1"
 KIND = "GPUSharingPolicy"
 DEFAULT_POLICY_RESOURCE = "default-policy.yaml"
 
-SharingMode = Literal["none", "time-slicing", "mps", "mig"]
+SharingMode = Literal["none", "time-slicing", "mps", "mig", "fractional"]
 WorkloadClass = Literal["training", "inference", "notebook"]
 
 # Rule ids, in the fixed order the engine runs them (see gpu_admission.rules).
@@ -157,6 +157,11 @@ class NodePool(_Model):
     # Memory of one physical GPU (for MIG: of one slice) in MiB, as GFD's nvidia.com/gpu.memory.
     memory_mib: PositiveInt = Field(alias="memoryMiB")
     cuda_version: CudaVersion | None = Field(default=None, alias="cudaVersion")
+    # How the pool's device plugin reads NVIDIA_VISIBLE_DEVICES (its deviceListStrategy):
+    # "envvar" takes the GPU's UUID, "cdi-annotations"/"cdi-cri" the CDI name
+    # ``k8s.device-plugin.nvidia.com/gpu=<UUID>``. Used by fractional pools only.
+    device_list_strategy: Literal["envvar", "cdi-annotations", "cdi-cri"] = Field(
+        default="envvar", alias="deviceListStrategy")
 
     @field_validator("name")
     @classmethod
@@ -169,6 +174,11 @@ class NodePool(_Model):
     @property
     def shared(self) -> bool:
         return self.sharing in ("time-slicing", "mps")
+
+    @property
+    def fractional(self) -> bool:
+        """Whole GPUs advertised; the extender chooses the card and sizes shares by memory."""
+        return self.sharing == "fractional"
 
     @property
     def memory_per_replica_mib(self) -> int:
@@ -319,6 +329,9 @@ class Placement(_Model):
     # KUBERNETES_VIRTUAL_GPUS=true; never over-commits); "any": some GPU (packs tighter,
     # can over-commit); "every": all GPUs. docs/extender.md has the measurements.
     memory_fit: Literal["any", "every", "predicted"] = Field(default="any", alias="memoryFit")
+    # Fractional pools: also write HAMi-core's CUDA_DEVICE_MEMORY_LIMIT (the node preloads
+    # libvgpu.so, which then enforces the share; Project-HAMi/HAMi-core README).
+    hami_core: bool = Field(default=False, alias="hamiCore")
 
 
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
