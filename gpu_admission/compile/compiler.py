@@ -57,6 +57,7 @@ ACTIONS = {Mode.ENFORCE: ["Deny"], Mode.WARN: ["Warn"], Mode.AUDIT: ["Audit"]}
 #: Warning slots of the warn policy; further warnings are joined into the last one.
 WARN_SLOTS = 16
 ALWAYS_EXCLUDED = ("kube-system", "gpu-admission")
+EPHEMERAL_RESOURCE = "pods/ephemeralcontainers"
 LABELS = {"app.kubernetes.io/name": "gpu-admission",
           "app.kubernetes.io/component": "compiled-policy"}
 
@@ -90,8 +91,12 @@ def _metadata(name: str, policy: Policy) -> dict[str, Any]:
 def _match_constraints(policy: Policy, operations: list[str]) -> dict[str, Any]:
     excluded = sorted(set(ALWAYS_EXCLUDED) | set(policy.spec.exemptions.namespaces))
     return {
+        # kubectl debug adds containers through pods/ephemeralcontainers (UPDATE): the only
+        # way a container enters an existing pod (docs/guard.md).
         "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
-                           "resources": ["pods"], "scope": "Namespaced"}],
+                           "resources": ["pods"], "scope": "Namespaced"},
+                          {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                           "resources": [EPHEMERAL_RESOURCE], "scope": "Namespaced"}],
         "matchPolicy": "Equivalent",
         "namespaceSelector": {"matchExpressions": [
             {"key": NAMESPACE_OPT_IN_LABEL, "operator": "In", "values": ["true"]},
@@ -155,7 +160,9 @@ def build_program(policy: Policy, *, partial: bool
         raise CompileFailure(stays)
     names = {v.name for v in prog.variables}
     for name, default in (("protect", "false"), ("driverOn", "false"), ("schedulerOp", "false"),
-                          ("nodeSelectorOp", "false"), ("cudaOk", "false")):
+                          ("nodeSelectorOp", "false"), ("cudaOk", "false"),
+                          ("ephemeral", 'request.subResource == "ephemeralcontainers"'),
+                          ("guardViolations", "[]"), ("guardOps", "[]")):
         if name not in names:
             prog.add(name, default, "rule compiled out (stays with the webhook)")
     _finish(policy, prog, stays)
@@ -164,8 +171,10 @@ def build_program(policy: Policy, *, partial: bool
 
 def _finish(policy: Policy, prog: Program, stays: dict[str, WebhookOnly]) -> None:
     modes = {rule: mode for rule, mode in policy.compiled.modes.items() if rule not in stays}
-    prog.add("violations", concat(prog.violations),
-             "every violation {rule, path, message}, in the engine's rule order")
+    prog.add("violations", f"{var('ephemeral')} ? {var('guardViolations')}\n"
+                           f"  : {concat(prog.violations)}",
+             "every violation {rule, path, message}, in the engine's rule order (only the "
+             "guard's for an ephemeral-container UPDATE)")
     for mode, name in ((Mode.ENFORCE, "denials"), (Mode.WARN, "warns"), (Mode.AUDIT, "audits")):
         ids = sorted(r for r, m in modes.items() if m is mode)
         prog.add(name, f"{var('violations')}.filter(v, v.rule in {lit(ids)})",
@@ -206,18 +215,23 @@ def _finish(policy: Policy, prog: Program, stays: dict[str, WebhookOnly]) -> Non
     add_key = rec(op=lit("add"), path=lit("/metadata/annotations/" + escape(MUTATED_ANNOTATION)),
                   value=var("mutatedValue"))
     annotation = f"!has({ann}) ? [{add_map}]\n  : [{add_key}]"
-    prog.add("patch", f"size({var('ops')}) == 0 ? []\n"
+    prog.add("patch", f"{var('ephemeral')} ? ({var('denied')} ? [] : {var('guardOps')})\n"
+                      f"  : size({var('ops')}) == 0 ? []\n"
                       f"  : {var('mutatedValue')} != {var('mutatedBefore')} || "
                       f"!(has({ann}) && {key} in {ann}) ? {var('ops')} + ({annotation})\n"
                       f"  : {var('ops')}",
-             "the RFC 6902 operations, with the gpu-admission.io/mutated annotation")
+             "the RFC 6902 operations, with the gpu-admission.io/mutated annotation (an "
+             "ephemeral-container UPDATE: only the void upserts, the subresource keeps nothing "
+             "else)")
     mode_of = {rule: str(mode) for rule, mode in modes.items()}
+    prog.add("gpuPod", f"!{var('ephemeral')} && {var('isGpu')}",
+             "Decision.gpu: an ephemeral-container UPDATE meets only the guard")
     prog.add("auditRecord",
              rec(decision=f'{var("denied")} ? "denied" : "allowed"',
-                 workload=f'{var("isGpu")} ? {var("workload")} : ""',
-                 **{"workload-reason": f'{var("isGpu")} ? {var("workloadReason")} : ""',
-                    "cuda-version": f'{var("isGpu")} ? {var("cudaVersion")} : ""',
-                    "cuda-source": f'{var("isGpu")} && {var("cudaVersion")} != "" ? '
+                 workload=f'{var("gpuPod")} ? {var("workload")} : ""',
+                 **{"workload-reason": f'{var("gpuPod")} ? {var("workloadReason")} : ""',
+                    "cuda-version": f'{var("gpuPod")} ? {var("cudaVersion")} : ""',
+                    "cuda-source": f'{var("gpuPod")} && {var("cudaVersion")} != "" ? '
                                    f'{var("cudaSource")} : ""',
                     "violations": f'{var("violations")}.map(v, v.rule + "=" + '
                                   f'{lit(mode_of)}[v.rule]).join(",")',

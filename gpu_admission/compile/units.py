@@ -805,12 +805,22 @@ class GuardUnit:
             lst = var(kind)
             records.append(f"lists.range(size({lst})).map(i, "
                            f"{rec(kind=lit(kind), index='i', c=f'{lst}[i]')})")
+        # kubectl debug: a pods/ephemeralcontainers UPDATE (the whole Pod) adds ephemeral
+        # containers; the ones the old pod had are immutable and not judged (engine._ephemeral).
+        eph_kind = gpu_access.EPHEMERAL_KIND
+        eph = f"object.spec.{eph_kind}"
+        old_names = (f"(has(oldObject.spec.{eph_kind}) ? oldObject.spec.{eph_kind}"
+                     ".map(c, c.name) : [])")
+        added = (f"(has({eph}) ? lists.range(size({eph})).filter(i, !({eph}[i].name in "
+                 f"{old_names})).map(i, {rec(kind=lit(eph_kind), index='i', c=f'{eph}[i]')}) "
+                 ": [])")
         env = "env"  # bound below to the container's env list ([] when absent)
         found = f"env.map(e, e.name).lastIndexOf({env_name})"
         last = "at"  # bound below: the index of the last NVIDIA_VISIBLE_DEVICES entry, or -1
         entry = f"{env}[at]"
         keys = f'{var("gpu")}.map(g, g.kind + "/" + string(g.index))'
-        state = (f'(a.kind + "/" + string(a.index)) in {keys} ? ({last} >= 0 ? "gpu-set" : "ok")\n'
+        state = (f'a.kind != {lit(eph_kind)} && (a.kind + "/" + string(a.index)) in {keys} '
+                 f'? ({last} >= 0 ? "gpu-set" : "ok")\n'
                  f'  : {last} < 0 ? "isolate"\n'
                  f'  : has({entry}.valueFrom) ? "valueFrom"\n'
                  f'  : !(has({entry}.value) && {entry}.value.trim() != "") ? "isolate"\n'
@@ -818,12 +828,20 @@ class GuardUnit:
         current = f'{last} >= 0 && has({entry}.value) ? {entry}.value : ""'
         guard_record = rec(kind="a.kind", index="a.index", at=last, state=state,
                            has_env="has(a.c.env)", value=current)
+        prog.add("ephemeral", f'request.subResource == {lit(gpu_access.EPHEMERAL_SUBRESOURCE)}',
+                 "kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the "
+                 "ephemeral containers it adds")
         prog.add("guardContainers",
-                 f'request.operation == "CREATE" ? ({concat(records)}).map(a, '
+                 f'{var("ephemeral")} ? {added}\n'
+                 f'  : request.operation == "CREATE" ? {concat(records)} : []',
+                 "the containers the guard judges: every container and init container on "
+                 "CREATE, the added ephemeral containers on a pods/ephemeralcontainers UPDATE")
+        prog.add("guardStates",
+                 f"{var('guardContainers')}.map(a, "
                  f"[has(a.c.env) ? a.c.env : []].map(env, [{found}].map(at, "
-                 f"{guard_record})[0])[0]) : []",
-                 "gpu_access.guard: every container's last NVIDIA_VISIBLE_DEVICES entry and "
-                 "what it means (ok | isolate | set | valueFrom | gpu-set)")
+                 f"{guard_record})[0])[0])",
+                 "gpu_access.guard: every judged container's last NVIDIA_VISIBLE_DEVICES entry "
+                 "and what it means (ok | isolate | set | valueFrom | gpu-set)")
         cpath = '"spec." + a.kind + "[" + string(a.index) + "]"'
         epath = cpath + ' + ".env[" + string(a.at) + "]"'
         gpu_set = (f"{gpu_access.ENV} is set in a container that requests a GPU; the device "
@@ -853,17 +871,22 @@ class GuardUnit:
                      f"&& {path}.matches({device}))"
                      f".map(i, {violation(gpu_access.DEVICE_HOSTPATH, vol_path, hostpath_msg)})"
                      " : []")
-        prog.violations.append(
-            f"{var('guardContainers')}.map(a, {per_container}).flatten()\n  + ({hostpaths})")
+        prog.violations.append(prog.add(
+            "guardViolations",
+            f"{var('guardStates')}.map(a, {per_container}).flatten()\n  + ({hostpaths})",
+            "the guard's violations (gpu-visible-devices, gpu-device-hostpath, and "
+            "gpu-access-isolation outside enforce)"))
         if modes[gpu_access.ISOLATION] is Mode.ENFORCE:
             value = srec(name=env_name, value=lit(gpu_access.VOID))
             base = '"/spec/" + a.kind + "/" + string(a.index) + "/env"'
             whole = rec(op=lit("add"), path=base, value=f"[{value}]")
             append = rec(op=lit("add"), path=f'{base} + "/-"', value=value)
             replace = rec(op=lit("replace"), path=f'{base} + "/" + string(a.at)', value=value)
-            prog.env_ops.append(
-                f'{var("guardContainers")}.filter(a, a.state == "isolate").map(a, '
-                f"!a.has_env ? {whole}\n  : a.at < 0 ? {append}\n  : {replace})")
+            prog.env_ops.append(prog.add(
+                "guardOps",
+                f'{var("guardStates")}.filter(a, a.state == "isolate").map(a, '
+                f"!a.has_env ? {whole}\n  : a.at < 0 ? {append}\n  : {replace})",
+                "the guard's NVIDIA_VISIBLE_DEVICES=void upserts"))
 
 
 def affinity_ops(policy: Policy, prog: Program) -> None:
