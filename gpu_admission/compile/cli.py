@@ -19,6 +19,7 @@ import click
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 
 from .compiler import CompileFailure, compile_policy, webhook_policy
+from .guard import render_guard
 from .render import dump, render
 from .units import WebhookOnly
 
@@ -78,6 +79,16 @@ def webhook_objects(policy: Policy, stays: dict[str, WebhookOnly]) -> list[dict[
 CLAIMS_HOOK = "validate-claims.gpu-admission.io"
 
 
+def _write(output: str, text: str) -> None:
+    if output == "-":
+        click.echo(text, nl=False)
+        return
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from None
+
+
 def _webhook(name: str, path: str, rule: dict[str, Any], *, reinvoke: bool) -> dict[str, Any]:
     """One webhook as webhook-manifests/base writes it (service, settings, namespaceSelector)."""
     webhook: dict[str, Any] = {
@@ -106,13 +117,25 @@ def _webhook(name: str, path: str, rule: dict[str, Any], *, reinvoke: bool) -> d
 @click.option("--partial", is_flag=True,
               help="Compile what CEL can express; keep the other rules with the webhook "
                    "(also writes its scoped configuration).")
-def compile_command(*, policy_path: Path | None, output: str, partial: bool) -> None:
+@click.option("--guard", "guard", is_flag=True,
+              help="Only the guard half: the GPU-access guard for pods without a GPU or DRA "
+                   "resource, as the default install runs it next to the webhook "
+                   "(webhook-manifests/base/guard-policies.yaml).")
+@click.option("--helm-template", is_flag=True, hidden=True,
+              help="With --guard: the chart's template (charts/gpu-admission/files/).")
+def compile_command(*, policy_path: Path | None, output: str, partial: bool, guard: bool,
+                    helm_template: bool) -> None:
     """Compile the policy into MutatingAdmissionPolicy + ValidatingAdmissionPolicies
     (Kubernetes >= 1.36): the same decisions, made inside the API server."""
     try:
         policy = load_policy(policy_path) if policy_path else default_policy()
     except PolicyError as exc:
         raise InputError(f"policy: {exc}") from None
+    if helm_template and not guard:
+        raise click.UsageError("--helm-template needs --guard")
+    if guard:
+        _write(output, render_guard(policy, helm=helm_template))
+        sys.exit(0)
     try:
         result = compile_policy(policy, partial=partial)
     except CompileFailure as exc:
@@ -127,14 +150,7 @@ def compile_command(*, policy_path: Path | None, output: str, partial: bool) -> 
                      "The webhook's mutate stage, only for the pods the remaining rules concern.",
                      "The webhook's validate stage, only for the pods the remaining rules "
                      "concern."]
-    text = render(policy, objects, comments, result.stays)
-    if output == "-":
-        click.echo(text, nl=False)
-    else:
-        try:
-            Path(output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from None
+    _write(output, render(policy, objects, comments, result.stays))
     if result.stays:
         click.echo("rules that stay with the webhook:", err=True)
         for rule, stay in result.stays.items():

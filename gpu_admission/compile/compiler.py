@@ -120,7 +120,7 @@ def match_conditions(policy: Policy) -> list[dict[str, str]]:
     return out
 
 
-def _short_warning(v: str) -> str:
+def short_warning_cel(v: str) -> str:
     """engine.short_warning: ``<rule>: <message>``, whitespace runs collapsed, <= 120 chars."""
     text = f'({v}.rule + ": " + {v}.message).split(" ").filter(s, s != "").join(" ")'
     cut = MAX_WARNING - 3
@@ -179,7 +179,7 @@ def _finish(policy: Policy, prog: Program, stays: dict[str, WebhookOnly]) -> Non
         ids = sorted(r for r, m in modes.items() if m is mode)
         prog.add(name, f"{var('violations')}.filter(v, v.rule in {lit(ids)})",
                  f"violations of the rules in {mode} mode")
-    prog.add("warnings", f"{var('warns')}.map(v, {_short_warning('v')}).distinct()",
+    prog.add("warnings", f"{var('warns')}.map(v, {short_warning_cel('v')}).distinct()",
              "engine.short_warning per warn-mode violation, duplicates dropped")
     target = policy.spec.scheduler_name
     set_scheduler = rec(op=lit("add"), path=lit("/spec/schedulerName"), value=lit(target or ""))
@@ -243,7 +243,7 @@ def _finish(policy: Policy, prog: Program, stays: dict[str, WebhookOnly]) -> Non
 _VAR_REF = re.compile(r"variables\.([A-Za-z_][A-Za-z0-9_]*)")
 
 
-def _needed(variables: list[Var], expressions: Iterable[str]) -> list[dict[str, str]]:
+def needed_variables(variables: list[Var], expressions: Iterable[str]) -> list[dict[str, str]]:
     """The variables (in definition order) that ``expressions`` use, transitively."""
     by_name = {v.name: v for v in variables}
     need: set[str] = set()
@@ -293,7 +293,7 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": _match_constraints(policy, ["CREATE"]),
             **({"matchConditions": conditions} if conditions else {}),
-            "variables": _needed(prog.variables, [mutate_expr]),
+            "variables": needed_variables(prog.variables, [mutate_expr]),
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": mutate_expr}}],
         }})
     comments.append("The webhook's mutate stage (Pod CREATE): scheduler name, CUDA routing, "
@@ -348,7 +348,7 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
             "failurePolicy": "Fail" if mode is Mode.ENFORCE else "Ignore",
             "matchConstraints": _match_constraints(policy, ["CREATE", "UPDATE"]),
             **({"matchConditions": conditions} if conditions else {}),
-            "variables": _needed(prog.variables, exprs),
+            "variables": needed_variables(prog.variables, exprs),
         }
         if validations:
             spec["validations"] = validations

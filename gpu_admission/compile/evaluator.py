@@ -400,7 +400,8 @@ def admit(objects: Sequence[Mapping[str, Any]], pod: dict[str, Any], facts: Requ
     if audit is not None:  # the engine's analysis, on the pod as received
         values = _variables(audit["spec"], activation, before)
         try:
-            facts_view = {k: to_json(values[k]) for k in ("gpuPod", "auditRecord")}
+            facts_view = {k: to_json(values[k]) for k in ("gpuPod", "auditRecord")
+                          if k in values}
         except CelError:
             if not ignores_errors(audit):
                 raise

@@ -797,12 +797,24 @@ class GuardUnit:
     ids: tuple[str, ...] = (gpu_access.ISOLATION, gpu_access.VISIBLE_DEVICES,
                             gpu_access.DEVICE_HOSTPATH)
 
+    def __init__(self, *, gpu: bool = True, modes: str | None = None) -> None:
+        """``gpu``: the pod may have GPU containers (the full compile; the guard half of
+        :mod:`gpu_admission.compile.guard` sees only pods without any). ``modes``: a CEL map
+        rule id -> mode to read the modes from at run time (the guard half, whose modes the
+        Helm chart fills in), instead of baking the policy's modes into the expressions."""
+        self.gpu = gpu
+        self.modes = modes
+
     def emit(self, policy: Policy, prog: Program) -> None:
         modes = policy.compiled.modes
         env_name = lit(gpu_access.ENV)
         records = []
         for kind in ("containers", "initContainers"):
-            lst = var(kind)
+            lst = var(kind) if self.gpu else f"object.spec.{kind}"
+            if not self.gpu:  # no analysis variables in the guard half
+                records.append(f"(has({lst}) ? lists.range(size({lst})).map(i, "
+                               f"{rec(kind=lit(kind), index='i', c=f'{lst}[i]')}) : [])")
+                continue
             records.append(f"lists.range(size({lst})).map(i, "
                            f"{rec(kind=lit(kind), index='i', c=f'{lst}[i]')})")
         # kubectl debug: a pods/ephemeralcontainers UPDATE (the whole Pod) adds ephemeral
@@ -819,9 +831,9 @@ class GuardUnit:
         last = "at"  # bound below: the index of the last NVIDIA_VISIBLE_DEVICES entry, or -1
         entry = f"{env}[at]"
         keys = f'{var("gpu")}.map(g, g.kind + "/" + string(g.index))'
-        state = (f'a.kind != {lit(eph_kind)} && (a.kind + "/" + string(a.index)) in {keys} '
-                 f'? ({last} >= 0 ? "gpu-set" : "ok")\n'
-                 f'  : {last} < 0 ? "isolate"\n'
+        gpu_state = (f'a.kind != {lit(eph_kind)} && (a.kind + "/" + string(a.index)) in {keys} '
+                     f'? ({last} >= 0 ? "gpu-set" : "ok")\n  : ') if self.gpu else ""
+        state = (f'{gpu_state}{last} < 0 ? "isolate"\n'
                  f'  : has({entry}.valueFrom) ? "valueFrom"\n'
                  f'  : !(has({entry}.value) && {entry}.value.trim() != "") ? "isolate"\n'
                  f'  : {entry}.value in {lit(sorted(gpu_access.NO_DEVICE_VALUES))} ? "ok" : "set"')
@@ -855,8 +867,12 @@ class GuardUnit:
         set_msg = f'{lit(gpu_access.ENV + "=")} + ({shown}) + {lit(tail)}'
         items = [f'a.state == "gpu-set" ? [{violation(visible, epath, lit(gpu_set))}]',
                  f'a.state in ["set", "valueFrom"] ? [{violation(visible, epath, set_msg)}]']
-        if modes[gpu_access.ISOLATION] is not Mode.ENFORCE:
-            isolate = violation(gpu_access.ISOLATION, cpath, lit(isolation))
+        isolate = violation(gpu_access.ISOLATION, cpath, lit(isolation))
+        mutates = (f"{self.modes}[{lit(gpu_access.ISOLATION)}] == {lit(str(Mode.ENFORCE))}"
+                   if self.modes else "")
+        if self.modes:
+            items.append(f'a.state == "isolate" && !({mutates}) ? [{isolate}]')
+        elif modes[gpu_access.ISOLATION] is not Mode.ENFORCE:
             items.append(f'a.state == "isolate" ? [{isolate}]')
         per_container = " : ".join(items) + " : []"
         device = "'^(?:" + gpu_access.DEVICE_PATH_PATTERN.replace("\\", "\\\\") + ")$'"
@@ -876,7 +892,7 @@ class GuardUnit:
             f"{var('guardStates')}.map(a, {per_container}).flatten()\n  + ({hostpaths})",
             "the guard's violations (gpu-visible-devices, gpu-device-hostpath, and "
             "gpu-access-isolation outside enforce)"))
-        if modes[gpu_access.ISOLATION] is Mode.ENFORCE:
+        if self.modes or modes[gpu_access.ISOLATION] is Mode.ENFORCE:
             value = srec(name=env_name, value=lit(gpu_access.VOID))
             base = '"/spec/" + a.kind + "/" + string(a.index) + "/env"'
             whole = rec(op=lit("add"), path=base, value=f"[{value}]")
@@ -884,7 +900,8 @@ class GuardUnit:
             replace = rec(op=lit("replace"), path=f'{base} + "/" + string(a.at)', value=value)
             prog.env_ops.append(prog.add(
                 "guardOps",
-                f'{var("guardStates")}.filter(a, a.state == "isolate").map(a, '
+                (f"!({mutates}) ? [] : " if self.modes else "")
+                + f'{var("guardStates")}.filter(a, a.state == "isolate").map(a, '
                 f"!a.has_env ? {whole}\n  : a.at < 0 ? {append}\n  : {replace})",
                 "the guard's NVIDIA_VISIBLE_DEVICES=void upserts"))
 
