@@ -135,8 +135,9 @@ def _program(policy: Policy, modes_literal: str) -> Program:
     prog.add("modes", modes_literal, "rule id -> mode of the three guard rules (the policy's)")
     GuardUnit(gpu=False, modes=var("modes")).emit(policy, prog)
     modes = var("modes")
+    prog.add("violations", var("guardViolations"), "every violation, in the engine's order")
     for mode, name in ((Mode.ENFORCE, "denials"), (Mode.WARN, "warns"), (Mode.AUDIT, "audits")):
-        prog.add(name, f"{var('guardViolations')}.filter(v, {modes}[v.rule] == {lit(str(mode))})",
+        prog.add(name, f"{var('violations')}.filter(v, {modes}[v.rule] == {lit(str(mode))})",
                  f"the guard's violations in {mode} mode")
     prog.add("warnings", f"{var('warns')}.map(v, {short_warning_cel('v')}).distinct()",
              "engine.short_warning per warn-mode violation, duplicates dropped")
@@ -164,7 +165,7 @@ def _program(policy: Policy, modes_literal: str) -> Program:
              "when an enforce-mode guard rule denies")
     prog.add("auditRecord",
              rec(decision=f'size({var("denials")}) > 0 ? "denied" : "allowed"',
-                 violations=f'{var("guardViolations")}.map(v, v.rule + "=" + {modes}[v.rule])'
+                 violations=f'{var("violations")}.map(v, v.rule + "=" + {modes}[v.rule])'
                             '.join(",")',
                  warnings=f'size({var("warnings")}) > 0 ? string(size({var("warnings")})) '
                           ': ""'),

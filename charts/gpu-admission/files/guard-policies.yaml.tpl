@@ -94,10 +94,14 @@ spec:
       !(variables.modes["gpu-access-isolation"] == "enforce") ? [] : variables.guardStates.filter(a, a.state == "isolate").map(a, !a.has_env ? {"op": dyn("add"), "path": dyn("/spec/" + a.kind + "/" + string(a.index) + "/env"), "value": dyn([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])}
         : a.at < 0 ? {"op": dyn("add"), "path": dyn("/spec/" + a.kind + "/" + string(a.index) + "/env" + "/-"), "value": dyn({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})}
         : {"op": dyn("replace"), "path": dyn("/spec/" + a.kind + "/" + string(a.index) + "/env" + "/" + string(a.at)), "value": dyn({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})})
+  - name: violations
+    expression: |-
+      // every violation, in the engine's order
+      variables.guardViolations
   - name: denials
     expression: |-
       // the guard's violations in enforce mode
-      variables.guardViolations.filter(v, variables.modes[v.rule] == "enforce")
+      variables.violations.filter(v, variables.modes[v.rule] == "enforce")
   - name: mutatedBefore
     expression: |-
       has(object.metadata.annotations) && "gpu-admission.io/mutated" in object.metadata.annotations ? object.metadata.annotations["gpu-admission.io/mutated"] : ""
@@ -224,10 +228,14 @@ spec:
       // the guard's violations (gpu-visible-devices, gpu-device-hostpath, and gpu-access-isolation outside enforce)
       variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(variables.modes["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
         + (request.operation == "CREATE" && has(object.spec.volumes) ? lists.range(size(object.spec.volumes)).filter(i, has(object.spec.volumes[i].hostPath) && has(object.spec.volumes[i].hostPath.path) && object.spec.volumes[i].hostPath.path != "" && object.spec.volumes[i].hostPath.path.matches('^(?:(?:/\\.?)*(?:/dev(?:/\\.?)*(?:/(?:nvidia[\\s\\S]*|dri(?:/[\\s\\S]*)?))?)?)$')).map(i, {"rule": "gpu-device-hostpath", "path": "spec.volumes[" + string(i) + "].hostPath.path", "message": "hostPath " + ((size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains("'") && !(size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains('"') ? '"' + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'") + " exposes GPU device nodes (/dev/nvidia*, /dev/dri) outside the device plugin; request nvidia.com/gpu instead"}) : [])
+  - name: violations
+    expression: |-
+      // every violation, in the engine's order
+      variables.guardViolations
   - name: denials
     expression: |-
       // the guard's violations in enforce mode
-      variables.guardViolations.filter(v, variables.modes[v.rule] == "enforce")
+      variables.violations.filter(v, variables.modes[v.rule] == "enforce")
   validations:
   - expression: |-
       size(variables.denials) == 0
@@ -341,10 +349,14 @@ spec:
       // the guard's violations (gpu-visible-devices, gpu-device-hostpath, and gpu-access-isolation outside enforce)
       variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(variables.modes["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
         + (request.operation == "CREATE" && has(object.spec.volumes) ? lists.range(size(object.spec.volumes)).filter(i, has(object.spec.volumes[i].hostPath) && has(object.spec.volumes[i].hostPath.path) && object.spec.volumes[i].hostPath.path != "" && object.spec.volumes[i].hostPath.path.matches('^(?:(?:/\\.?)*(?:/dev(?:/\\.?)*(?:/(?:nvidia[\\s\\S]*|dri(?:/[\\s\\S]*)?))?)?)$')).map(i, {"rule": "gpu-device-hostpath", "path": "spec.volumes[" + string(i) + "].hostPath.path", "message": "hostPath " + ((size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains("'") && !(size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains('"') ? '"' + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'") + " exposes GPU device nodes (/dev/nvidia*, /dev/dri) outside the device plugin; request nvidia.com/gpu instead"}) : [])
+  - name: violations
+    expression: |-
+      // every violation, in the engine's order
+      variables.guardViolations
   - name: warns
     expression: |-
       // the guard's violations in warn mode
-      variables.guardViolations.filter(v, variables.modes[v.rule] == "warn")
+      variables.violations.filter(v, variables.modes[v.rule] == "warn")
   - name: warnings
     expression: |-
       // engine.short_warning per warn-mode violation, duplicates dropped
@@ -533,18 +545,22 @@ spec:
       // the guard's violations (gpu-visible-devices, gpu-device-hostpath, and gpu-access-isolation outside enforce)
       variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(variables.modes["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
         + (request.operation == "CREATE" && has(object.spec.volumes) ? lists.range(size(object.spec.volumes)).filter(i, has(object.spec.volumes[i].hostPath) && has(object.spec.volumes[i].hostPath.path) && object.spec.volumes[i].hostPath.path != "" && object.spec.volumes[i].hostPath.path.matches('^(?:(?:/\\.?)*(?:/dev(?:/\\.?)*(?:/(?:nvidia[\\s\\S]*|dri(?:/[\\s\\S]*)?))?)?)$')).map(i, {"rule": "gpu-device-hostpath", "path": "spec.volumes[" + string(i) + "].hostPath.path", "message": "hostPath " + ((size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains("'") && !(size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains('"') ? '"' + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'") + " exposes GPU device nodes (/dev/nvidia*, /dev/dri) outside the device plugin; request nvidia.com/gpu instead"}) : [])
+  - name: violations
+    expression: |-
+      // every violation, in the engine's order
+      variables.guardViolations
   - name: denials
     expression: |-
       // the guard's violations in enforce mode
-      variables.guardViolations.filter(v, variables.modes[v.rule] == "enforce")
+      variables.violations.filter(v, variables.modes[v.rule] == "enforce")
   - name: warns
     expression: |-
       // the guard's violations in warn mode
-      variables.guardViolations.filter(v, variables.modes[v.rule] == "warn")
+      variables.violations.filter(v, variables.modes[v.rule] == "warn")
   - name: audits
     expression: |-
       // the guard's violations in audit mode
-      variables.guardViolations.filter(v, variables.modes[v.rule] == "audit")
+      variables.violations.filter(v, variables.modes[v.rule] == "audit")
   - name: warnings
     expression: |-
       // engine.short_warning per warn-mode violation, duplicates dropped
@@ -552,7 +568,7 @@ spec:
   - name: auditRecord
     expression: |-
       // the webhook's audit annotations for a pod without a GPU
-      {"decision": dyn(size(variables.denials) > 0 ? "denied" : "allowed"), "violations": dyn(variables.guardViolations.map(v, v.rule + "=" + variables.modes[v.rule]).join(",")), "warnings": dyn(size(variables.warnings) > 0 ? string(size(variables.warnings)) : "")}
+      {"decision": dyn(size(variables.denials) > 0 ? "denied" : "allowed"), "violations": dyn(variables.violations.map(v, v.rule + "=" + variables.modes[v.rule]).join(",")), "warnings": dyn(size(variables.warnings) > 0 ? string(size(variables.warnings)) : "")}
   validations:
   - expression: |-
       size(variables.audits) == 0

@@ -68,7 +68,7 @@ matchConditions:
 # name, literal value) and that have no hostPath volume (docs/guard.md).
 matchConditions:
   - name: gpu-or-dra-pod-or-guarded
-    expression: |
+    expression: |-
       (has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
