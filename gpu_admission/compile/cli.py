@@ -55,6 +55,9 @@ def webhook_objects(policy: Policy, stays: dict[str, WebhookOnly]) -> list[dict[
                                         "operations": operations, "resources": ["pods"],
                                         "scope": "Namespaced"},
                            reinvoke=kind.startswith("Mutating"))
+        webhook["rules"].append({"apiGroups": [""], "apiVersions": ["v1"],
+                                 "operations": ["UPDATE"],
+                                 "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"})
         if conditions:
             webhook["matchConditions"] = conditions
         webhooks = [webhook]

@@ -276,10 +276,15 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
     """The admission policies and bindings for ``policy``; raises CompileFailure naming the
     rules CEL cannot express unless ``partial``."""
     prog, stays = build_program(policy, partial=partial)
+    from .guard import compile_guard, gpu_or_dra_pod  # noqa: PLC0415 - guard imports us
+
     conditions = match_conditions(policy)
     for index, pods in enumerate(dict.fromkeys(s.pods for s in stays.values() if s.pods)):
         conditions.append({"name": f"not-for-the-webhook-{index + 1}",
                            "expression": f"!({pods})"})
+    # The GPU rules never run for a CPU pod: these policies see GPU pods only, the guard half
+    # (compile_guard, appended below) every other pod, split by one predicate.
+    conditions.append({"name": "gpu-or-dra-pod", "expression": gpu_or_dra_pod()})
     objects: list[dict[str, Any]] = []
     comments: list[str] = []
     mutate_expr = (f"{var('patch')}.map(o, "
@@ -367,7 +372,9 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
         }[mode])
         objects.append(_binding("ValidatingAdmissionPolicy", name, policy, ACTIONS[mode]))
         comments.append(f"Binds {name} with validationActions {ACTIONS[mode]}.")
-    return Compiled(objects=objects, comments=comments, stays=stays)
+    guard = compile_guard(policy)
+    return Compiled(objects=objects + guard.objects, comments=comments + guard.comments,
+                    stays=stays)
 
 
 def webhook_policy(policy: Policy, stays: dict[str, WebhookOnly]) -> dict[str, Any]:

@@ -360,7 +360,10 @@ def _in_scope(spec: Mapping[str, Any], activation: dict[str, Any], operation: st
 
 #: matchConditions that only save work (the guard half: no rule in this policy's mode, a pod
 #: already clean): a policy they skip has nothing to say, the request is not exempt.
-SHORTCUT_CONDITIONS = ("a-guard-rule-in-", "not-already-clean")
+SHORTCUT_CONDITIONS = ("a-guard-rule-in-", "not-already-clean",
+                       # the split between the GPU policies and the guard half: the other
+                       # half decides the pod
+                       "gpu-or-dra-pod", "not-a-gpu-or-dra-pod")
 
 
 def _exemption(reason: str, facts: RequestFacts, objects: Sequence[Mapping[str, Any]]) -> str:
@@ -433,7 +436,7 @@ def admit(objects: Sequence[Mapping[str, Any]], pod: dict[str, Any], facts: Requ
         matched, why = _in_scope(policy["spec"], activation, facts.operation, labels,
                                  _resource(facts))
         if not matched:
-            exempt = why and _exemption(why, facts, policies)
+            exempt = exempt or (why and _exemption(why, facts, policies))
             continue
         values = _variables(policy["spec"], activation, before)
         for mutation in policy["spec"]["mutations"]:
