@@ -51,6 +51,13 @@ COLLECTIONS: dict[str, Collection] = {
     "/apis/resource.k8s.io/v1/resourceclaims": Collection(
         "resourceclaims", "ResourceClaimList", "resource.k8s.io/v1", "ResourceClaim", True),
     "/api/v1/pods": Collection("pods", "PodList", "v1", "Pod", True),
+    # compiled admission policies (gpu-admission compile --guard --check)
+    "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies": Collection(
+        "mutatingadmissionpolicies", "MutatingAdmissionPolicyList",
+        "admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy", False),
+    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies": Collection(
+        "validatingadmissionpolicies", "ValidatingAdmissionPolicyList",
+        "admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", False),
 }
 BY_RESOURCE = {c.resource: c for c in COLLECTIONS.values()}
 BY_KIND = {c.kind: c for c in COLLECTIONS.values()}
