@@ -5,6 +5,7 @@ server (tests/kube_api_support.py), as a user runs it (a subprocess with ``--kub
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,12 @@ from typing import Any
 
 import yaml
 
+from gpu_admission.compile.evaluator import admit
 from gpu_admission.compile.guard import compile_guard, guard_digest
+from gpu_admission.decision import RequestFacts
 from gpu_admission.policy.model import default_policy
+from tests.builders import make_container, make_pod
+from tests.compile.test_audit_and_limits import _event
 from tests.kube_api_support import api_in_thread
 
 
@@ -70,3 +75,29 @@ def test_unreachable_api_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.stderr.startswith("Error: GET /apis/admissionregistration.k8s.io/v1/"
                                   "mutatingadmissionpolicies:"), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_audit_reads_the_guard_halfs_annotations(tmp_path: Path) -> None:
+    """The guard's audit policy publishes ``guard-audit.gpu-admission.io/<key>`` in the API
+    server's audit log; ``gpu-admission audit`` reads them like the webhook's."""
+    doc = default_policy().model_dump(mode="json", by_alias=True)
+    doc["spec"]["rules"]["gpu-visible-devices"] = "warn"
+    policy = type(default_policy()).model_validate(doc)
+    pod = make_pod(containers=[make_container("c", "nvidia/cuda:12.4.1-base", gpu=None, env=[
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])])
+    outcome = admit(compile_guard(policy).objects, pod, RequestFacts(namespace="team-a"))
+    notes = outcome.audit_annotations
+    assert {k: v for k, v in notes.items() if k.startswith("guard-audit.")} == {
+        "guard-audit.gpu-admission.io/decision": "allowed",
+        "guard-audit.gpu-admission.io/violations": "gpu-visible-devices=warn",
+        "guard-audit.gpu-admission.io/warnings": "1"}
+    log = tmp_path / "audit.log"
+    log.write_text(json.dumps(_event({"authorization.k8s.io/decision": "allow", **notes},
+                                     "c0ffee00-0000-4000-8000-000000000002")) + "\n")
+    out = subprocess.run([sys.executable, "-m", "gpu_admission", "audit", "show", "-o", "json",
+                          "c0ffee00", str(log)], capture_output=True, text=True, timeout=60,
+                         check=True)
+    record = json.loads(out.stdout)
+    assert {k: record[k] for k in ("stage", "decision", "modes", "warningCount")} == {
+        "stage": "guard-audit.gpu-admission.io", "decision": "allowed",
+        "modes": {"gpu-visible-devices": "warn"}, "warningCount": 1}
