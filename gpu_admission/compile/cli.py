@@ -112,7 +112,7 @@ def _check_guard(policy: Policy, kubeconfig: Path | None, context: str | None) -
                     method="GET", resource_path=path, auth_settings=["BearerToken"],
                     header_params={"Accept": "application/json"})
                 response = client.call_api(*request, _request_timeout=30)
-                response.read()
+                response.read()  # type: ignore[no-untyped-call]
                 if not 200 <= response.status < 300:
                     raise InputError(f"GET {path}: HTTP {response.status}")
                 body = json.loads(response.data or b"{}")

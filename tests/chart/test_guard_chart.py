@@ -39,8 +39,8 @@ def guard_objects(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 ])
 def test_helm_chooses_the_half_like_the_kustomize_installs(
         values: dict[str, Any], api_versions: tuple[str, ...] | None, target: str) -> None:
-    kwargs = {} if api_versions is None else {"api_versions": api_versions}
-    chart = render_chart({**values, **CREATE_NAMESPACE}, **kwargs)
+    chart = (render_chart({**values, **CREATE_NAMESPACE}) if api_versions is None
+             else render_chart({**values, **CREATE_NAMESPACE}, api_versions=api_versions))
     report = drift(chart, render(target))
     assert report == "", f"chart ({values}, api {api_versions}) differs from {target}:\n{report}"
 
