@@ -42,11 +42,12 @@ def test_compiled_policies_judge_the_added_ephemeral_container_like_the_engine(
 
 
 def test_the_api_servers_denial_names_the_debug_container() -> None:
+    """A CPU pod: the guard half decides it (a GPU pod's debug container: the GPU policies)."""
     pod = with_debug(running_pod(), debug_container("debugger-new", [ALL]))
     outcome = admit(compiled("default").objects, pod, facts("mutate"))
     assert outcome.denial == (
-        "ValidatingAdmissionPolicy 'enforce.gpu-admission.io' with binding "
-        "'enforce.gpu-admission.io' denied request: [gpu-visible-devices] "
+        "ValidatingAdmissionPolicy 'guard-enforce.gpu-admission.io' with binding "
+        "'guard-enforce.gpu-admission.io' denied request: [gpu-visible-devices] "
         "spec.ephemeralContainers[1].env[0]: NVIDIA_VISIBLE_DEVICES='all' without a GPU request "
         "gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, "
         "or set NVIDIA_VISIBLE_DEVICES=void")
