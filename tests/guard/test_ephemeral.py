@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import jsonpatch
 import kubernetes_validate
 import orjson
 import pytest
+import yaml
 
 from gpu_admission.decision import Mode, RequestFacts
 from gpu_admission.engine import evaluate
@@ -185,3 +188,35 @@ async def test_other_pod_subresources_are_skipped_over_tls(server: Server) -> No
     review["request"]["subResource"] = "status"
     status, body, _ = await server.post("/validate", review)
     assert (status, body["response"]) == (200, {"uid": "u-status", "allowed": True})
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["engine", "compiled"])
+def test_evaluate_debug_container(tmp_path: Path, compiled: bool) -> None:
+    """``gpu-admission evaluate --debug-container`` (the last ephemeral container is the one
+    kubectl debug adds), with the engine and with the compiled policies (cel-python)."""
+    cuda = with_debug(running_pod(), debug_container("debugger-new"))
+    granting = with_debug(running_pod(), debug_container("debugger-all", [ALL]))
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(yaml.safe_dump_all([cuda, granting]))
+    proc = subprocess.run([sys.executable, "-m", "gpu_admission", "evaluate", "-f", str(pods),
+                           "--debug-container", "-o", "json",
+                           *(["--compiled"] if compiled else [])],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1, proc.stderr  # the second is refused
+    void, refused = (orjson.loads(line) for line in proc.stdout.splitlines())
+    assert (void["allowed"], void["patch"], void["changes"]) == (
+        True, [{"op": "add", "path": "/spec/ephemeralContainers/1/env", "value": [VOID]}],
+        ["spec.ephemeralContainers[1].env"])
+    assert (refused["allowed"], [(v["rule"], v["path"]) for v in refused["violations"]]) == (
+        False, [("gpu-visible-devices", "spec.ephemeralContainers[1].env[0]")])
+
+
+def test_evaluate_debug_container_needs_an_ephemeral_container(tmp_path: Path) -> None:
+    pods = tmp_path / "pod.yaml"
+    pods.write_text(yaml.safe_dump(make_pod("plain")))
+    proc = subprocess.run([sys.executable, "-m", "gpu_admission", "evaluate", "-f", str(pods),
+                           "--debug-container"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("Error: --debug-container: pod 'plain' has no "
+                           "spec.ephemeralContainers (the container kubectl debug adds)\n")
