@@ -153,6 +153,7 @@ def build_program(policy: Policy, *, partial: bool
             continue
         prog.variables = attempt.variables
         prog.violations += attempt.violations
+        prog.violation_ids += [unit.ids] * len(attempt.violations)
         prog.ops += attempt.ops
         prog.env_ops += attempt.env_ops
         prog.kinds += attempt.kinds
@@ -177,8 +178,21 @@ def _finish(policy: Policy, prog: Program, stays: dict[str, WebhookOnly]) -> Non
              "guard's for an ephemeral-container UPDATE)")
     for mode, name in ((Mode.ENFORCE, "denials"), (Mode.WARN, "warns"), (Mode.AUDIT, "audits")):
         ids = sorted(r for r, m in modes.items() if m is mode)
-        prog.add(name, f"{var('violations')}.filter(v, v.rule in {lit(ids)})",
-                 f"violations of the rules in {mode} mode")
+        # Only the units with a rule in this mode, so the policy of one mode does not evaluate
+        # the others' rules (a unit with rules in several modes is filtered); the same list,
+        # in the same order, as violations.filter(v, v.rule in ids).
+        parts = []
+        for expr, unit_ids in zip(prog.violations, prog.violation_ids, strict=True):
+            mine = [r for r in unit_ids if modes.get(r) is mode]
+            if not mine:
+                continue
+            if len(mine) == len([r for r in unit_ids if r in modes]):
+                parts.append(expr)
+            else:
+                parts.append(f"({expr}).filter(v, v.rule in {lit(sorted(mine))})")
+        prog.add(name, f"{var('ephemeral')} ? {var('guardViolations')}.filter(v, v.rule in "
+                       f"{lit(ids)})\n  : {concat(parts)}",
+                 f"violations of the rules in {mode} mode (only those rules are evaluated)")
     prog.add("warnings", f"{var('warns')}.map(v, {short_warning_cel('v')}).distinct()",
              "engine.short_warning per warn-mode violation, duplicates dropped")
     target = policy.spec.scheduler_name

@@ -83,6 +83,9 @@ class Program:
 
     variables: list[Var] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)  # CEL lists, engine rule order
+    # the rule ids each entry of ``violations`` may report (its unit's ids), so each policy
+    # can evaluate only the rules of its own mode
+    violation_ids: list[tuple[str, ...]] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)  # CEL op lists, PatchBuilder.ops() order
     env_ops: list[str] = field(default_factory=list)  # env upserts (memory, then the guard)
     kinds: list[tuple[str, str]] = field(default_factory=list)  # (CEL bool, annotation kind)
