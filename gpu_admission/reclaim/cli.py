@@ -117,6 +117,9 @@ def reclaim(ctx: click.Context, /, prometheus_url: str | None, policy_file: Path
                 raise ReclaimError(controller.failing or "the interval failed")
             click.echo(orjson.dumps(plan_json(plan), option=orjson.OPT_INDENT_2).decode()
                        if output == "json" else plan_table(plan), nl=output == "json")
+            if controller.failing:
+                click.echo(f"error: {controller.failing}; actions paused", err=True)
+                sys.exit(1)
             return
         _loop(controller, interval_s, lease, metrics_port)
     finally:

@@ -291,10 +291,20 @@ class Controller:
                 scale = self.kube.get_scale(ns, owner.kind, owner.name)
                 done.append("read-scale")
                 replicas = int((scale.get("spec") or {}).get("replicas") or 0)
-                self.kube.patch_annotations(object_path(ns, owner.kind, owner.name), {
-                    RECLAIMED_REPLICAS_ANNOTATION: str(replicas),
-                    RECLAIMED_AT_ANNOTATION: stamp})
+                patched = self.kube.patch_annotations(
+                    object_path(ns, owner.kind, owner.name), {
+                        RECLAIMED_REPLICAS_ANNOTATION: str(replicas),
+                        RECLAIMED_AT_ANNOTATION: stamp})
                 done.append("annotated")
+                # the patch changed the object's resourceVersion (the Scale's too): write
+                # the Scale against the patched object, so a replica change by someone else
+                # in between is still a 409
+                if (patched.get("spec") or {}).get("replicas", replicas) != replicas:
+                    raise KubeError(f"PATCH {object_path(ns, owner.kind, owner.name)}", None,
+                                    "replicas changed while scaling down; next interval")
+                scale = {**scale, "metadata": {
+                    **(scale.get("metadata") or {}),
+                    "resourceVersion": (patched.get("metadata") or {}).get("resourceVersion")}}
                 self.kube.put_scale(ns, owner.kind, owner.name, scale, 0)
                 done.append("scaled")
             message = (f"scaled {owner.ref} from {replicas} to 0 replicas"

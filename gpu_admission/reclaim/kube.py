@@ -139,9 +139,11 @@ class Kube:
 
     # --- writing ---------------------------------------------------------------------
 
-    def patch_annotations(self, path: str, annotations: Mapping[str, str | None]) -> None:
-        self.request("PATCH", path, {"metadata": {"annotations": dict(annotations)}},
-                     content_type=MERGE_PATCH)
+    def patch_annotations(self, path: str, annotations: Mapping[str, str | None]
+                          ) -> dict[str, Any]:
+        """Merge-patch ``metadata.annotations`` (``None`` removes a key); the new object."""
+        return self.request("PATCH", path, {"metadata": {"annotations": dict(annotations)}},
+                            content_type=MERGE_PATCH) or {}
 
     def get_scale(self, namespace: str, kind: str, name: str) -> dict[str, Any]:
         scale = self.request("GET", scale_path(namespace, kind, name))
