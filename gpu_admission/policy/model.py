@@ -430,9 +430,7 @@ def _time_zone(value: Any) -> str:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # noqa: PLC0415
 
     try:
-        if not isinstance(value, str):
-            raise ValueError(value)
-        ZoneInfo(value)
+        ZoneInfo(value if isinstance(value, str) else "")
     except (ZoneInfoNotFoundError, ValueError):
         raise PydanticCustomError("time_zone", "expected an IANA time zone like UTC or "
                                   "Europe/Berlin, got {got}", {"got": _got(value)}) from None

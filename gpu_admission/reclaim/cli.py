@@ -72,7 +72,7 @@ def _now(value: str | None) -> float | None:
 @click.option("--now", "now_text", default=None, hidden=True,
               help="Evaluate as if it were this time (replays, tests).")
 @click.pass_context
-def reclaim(ctx: click.Context, /, prometheus_url: str | None, policy_file: Path | None,  # noqa: PLR0913, PLR0917
+def reclaim(ctx: click.Context, /, prometheus_url: str | None, policy_file: Path | None,  # noqa: PLR0917
             kubeconfig: str, interval: str, once: bool, dry_run: bool, output: str,
             audit_log: str, lease: str | None, metrics_port: int, log_level: str,
             now_text: str | None) -> None:
@@ -187,7 +187,7 @@ def _probes(controller: Any, port: int, ready: threading.Event) -> ThreadingHTTP
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     server = ThreadingHTTPServer(("", port), Handler)

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO, Any, Final
 
 import orjson
@@ -102,7 +103,7 @@ class RecordLog:
         with self._lock:
             if self._stream is None:
                 self._stream = (os.fdopen(os.dup(1), "ab") if self.target == "-"
-                                else open(self.target, "ab"))  # noqa: SIM115 - held open
+                                else Path(self.target).open("ab"))  # noqa: SIM115 - held
             self._stream.write(line)
             self._stream.flush()
 
@@ -300,7 +301,7 @@ class Controller:
                 # the Scale against the patched object, so a replica change by someone else
                 # in between is still a 409
                 if (patched.get("spec") or {}).get("replicas", replicas) != replicas:
-                    raise KubeError(f"PATCH {object_path(ns, owner.kind, owner.name)}", None,
+                    raise KubeError(  # noqa: TRY301 - recorded below like any API failuref"PATCH {object_path(ns, owner.kind, owner.name)}", None,
                                     "replicas changed while scaling down; next interval")
                 scale = {**scale, "metadata": {
                     **(scale.get("metadata") or {}),

@@ -104,7 +104,7 @@ class Kube:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise KubeError(what, None, f"cannot reach the API server: {exc}") from None
         status = response.status
-        if status >= 300:  # noqa: PLR2004
+        if status >= 300:
             if (status == HTTP_NOT_FOUND and missing_ok) or (status == HTTP_CONFLICT
                                                              and conflict_ok):
                 return None
@@ -147,7 +147,7 @@ class Kube:
 
     def get_scale(self, namespace: str, kind: str, name: str) -> dict[str, Any]:
         scale = self.request("GET", scale_path(namespace, kind, name))
-        assert scale is not None  # noqa: S101 - missing_ok is False: a 404 raised
+        assert scale is not None
         return scale
 
     def put_scale(self, namespace: str, kind: str, name: str, scale: Mapping[str, Any],

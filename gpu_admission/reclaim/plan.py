@@ -176,8 +176,8 @@ def measure(fetched: Fetched, working: Sequence[int], threshold: float,
     return {key: _combine(found) for key, found in per_pod.items()}
 
 
-def _one(idle: list[bool], marks: bytearray, rng: Range, min_seconds: int, busy: list[int],
-         busy_at: float | None, gpu: GpuIdle) -> Idleness:
+def _one(idle: list[bool], marks: bytearray, rng: Range,  # noqa: PLR0917
+         min_seconds: int, busy: list[int], busy_at: float | None, gpu: GpuIdle) -> Idleness:
     step = rng.step
     held = [f and m == 1 for f, m in zip(idle, marks, strict=True)]
     runs = idle_runs(held, step, min_seconds)
@@ -278,7 +278,7 @@ def duration_text(seconds: float) -> str:
 
 def memory_text(mib: float) -> str:
     gib = mib / MIB_PER_GIB
-    return f"{gib:.0f} GiB" if gib >= 10 else f"{gib:.1f} GiB"  # noqa: PLR2004
+    return f"{gib:.0f} GiB" if gib >= 10 else f"{gib:.1f} GiB"
 
 
 def notice_message(idleness: Idleness, threshold: float) -> str:
@@ -361,8 +361,8 @@ def build_plan(fetched: Fetched | None, cluster: Cluster, policy: Policy, *, now
                 actions_allowed, rc.max_actions_per_interval)
 
 
-def _decide(p: PodPlan, annotations: Mapping[str, Any], cluster: Cluster, threshold: float,
-            grace: int, now: float, exempt: frozenset[str], workloads: tuple[str, ...]
+def _decide(p: PodPlan, annotations: Mapping[str, Any], cluster: Cluster,  # noqa: PLR0917
+            threshold: float, grace: int, now: float, exempt: frozenset[str], workloads: tuple[str, ...]
             ) -> PodPlan:
     def with_(action: Action, reason: str, **kw: Any) -> PodPlan:
         fields = {"namespace": p.namespace, "pod": p.pod, "uid": p.uid, "workload": p.workload,

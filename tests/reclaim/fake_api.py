@@ -149,7 +149,7 @@ class FakeKube:
         return obj
 
     def _list(self, plural: str, ns: str) -> web.Response:
-        kind, api_version, list_kind, _ = KINDS[plural]
+        _kind, api_version, list_kind, _ = KINDS[plural]
         items = []
         for (item_ns, _name), obj in sorted(self.store[plural].items()):
             if ns and item_ns != ns:

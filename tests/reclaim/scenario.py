@@ -49,7 +49,7 @@ def idle_from_nine(ts: int) -> int:
 
 def night_owl(ts: int) -> int:
     hour = datetime.fromtimestamp(ts, UTC).hour
-    return 50 if 8 <= hour < 18 else 1  # noqa: PLR2004
+    return 50 if 8 <= hour < 18 else 1
 
 
 def busy_again(ts: int) -> int:

@@ -125,7 +125,7 @@ def test_notice_then_scale_down_then_restore(prom: PrometheusProcess, tmp_path: 
             *notice_writes("lab", "jupyter-bob-7d9f-abcde", "Deployment", "jupyter-bob"),
             *notice_writes("ml", "carol-0", "Notebook", "carol"),
             *notice_writes("ml", POD, "Deployment", "jupyter-alice")]
-        patch = [r for r in fake.requests if r.method == "PATCH" and r.path.endswith(POD)][0]
+        patch = next(r for r in fake.requests if r.method == "PATCH" and r.path.endswith(POD))
         assert patch.content_type == "application/merge-patch+json"
         assert patch.body == {"metadata": {"annotations": {
             "gpu-admission.io/idle-since": iso(T0 - 130 * 60),
@@ -285,7 +285,7 @@ def test_api_failing_mid_way_leaves_every_step_recorded(prom: PrometheusProcess,
         ("nb-0-7d9f-abcde", "done", ["read-scale", "annotated", "scaled", "event"]),
         ("nb-1-7d9f-abcde", "started", None),
         ("nb-1-7d9f-abcde", "failed", ["read-scale", "annotated"])]
-    failed = [r for r in records(log) if r["reclaim"].get("phase") == "failed"][0]
+    failed = next(r for r in records(log) if r["reclaim"].get("phase") == "failed")
     assert "HTTP 503" in failed["reclaim"]["error"]
 
 
@@ -320,7 +320,7 @@ def _next_interval_after_a_failure_is_notice_only(prom: PrometheusProcess,
         controller.run_once(T0)
         fake.fail = lambda method, path: 503 if method == "PUT" else None
         controller.run_once(T1)
-        assert controller.metrics.paused._value.get() == 1  # noqa: SLF001
+        assert controller.metrics.paused._value.get() == 1
         fake.fail = lambda method, path: None
         mark = len(fake.requests)
         held = controller.run_once(T1 + 300)
@@ -328,7 +328,7 @@ def _next_interval_after_a_failure_is_notice_only(prom: PrometheusProcess,
         assert [(i.pod, i.action.value) for i in held.items] == [
             ("nb-0-7d9f-abcde", "held"), ("nb-1-7d9f-abcde", "held")]
         assert writes(fake, mark) == []
-        assert controller.metrics.paused._value.get() == 0  # noqa: SLF001
+        assert controller.metrics.paused._value.get() == 0
         again = controller.run_once(T1 + 600)
         assert again is not None
         assert [i.action.value for i in again.items] == ["scale-down", "scale-down"]
