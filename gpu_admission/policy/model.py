@@ -434,7 +434,11 @@ def _time_zone(value: Any) -> str:
     except (ZoneInfoNotFoundError, ValueError):
         raise PydanticCustomError("time_zone", "expected an IANA time zone like UTC or "
                                   "Europe/Berlin, got {got}", {"got": _got(value)}) from None
-    return value
+    return str(value)
+
+
+def _default_reclaimed() -> list[WorkloadClass]:
+    return ["notebook", "inference"]
 
 
 class Reclaim(_Model):
@@ -453,7 +457,7 @@ class Reclaim(_Model):
                                                                    alias="timeZone")
     # Minutes between the notice and the scale-down.
     grace_minutes: NonNegativeInt = Field(default=60, alias="graceMinutes")
-    workloads: list[WorkloadClass] = Field(default_factory=lambda: ["notebook", "inference"])
+    workloads: list[WorkloadClass] = Field(default_factory=lambda: _default_reclaimed())
     # Scale-downs per controller interval, at most.
     max_actions_per_interval: NonNegativeInt = Field(default=5, alias="maxActionsPerInterval")
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
@@ -362,14 +362,10 @@ def build_plan(fetched: Fetched | None, cluster: Cluster, policy: Policy, *, now
 
 
 def _decide(p: PodPlan, annotations: Mapping[str, Any], cluster: Cluster,  # noqa: PLR0917
-            threshold: float, grace: int, now: float, exempt: frozenset[str], workloads: tuple[str, ...]
-            ) -> PodPlan:
+            threshold: float, grace: int, now: float, exempt: frozenset[str],
+            workloads: tuple[str, ...]) -> PodPlan:
     def with_(action: Action, reason: str, **kw: Any) -> PodPlan:
-        fields = {"namespace": p.namespace, "pod": p.pod, "uid": p.uid, "workload": p.workload,
-                  "owner": p.owner, "idleness": p.idleness, "notice_at": p.notice_at,
-                  "message": p.message, "scale_down_at": p.scale_down_at}
-        fields.update(kw)
-        return PodPlan(action=action, reason=reason, **fields)
+        return replace(p, action=action, reason=reason, **kw)
 
     idl = p.idleness
     noticed = p.notice_at
@@ -441,8 +437,7 @@ def _limit(items: list[PodPlan], allowed: bool, limit: int) -> list[PodPlan]:
 
 
 def _replace(item: PodPlan, action: Action, reason: str) -> PodPlan:
-    return PodPlan(item.namespace, item.pod, item.uid, item.workload, item.owner, action,
-                   reason, item.idleness, item.message, item.notice_at, item.scale_down_at)
+    return replace(item, action=action, reason=reason)
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
