@@ -457,7 +457,7 @@ class Reclaim(_Model):
                                                                    alias="timeZone")
     # Minutes between the notice and the scale-down.
     grace_minutes: NonNegativeInt = Field(default=60, alias="graceMinutes")
-    workloads: list[WorkloadClass] = Field(default_factory=lambda: _default_reclaimed())
+    workloads: list[WorkloadClass] = Field(default_factory=_default_reclaimed)
     # Scale-downs per controller interval, at most.
     max_actions_per_interval: NonNegativeInt = Field(default=5, alias="maxActionsPerInterval")
 

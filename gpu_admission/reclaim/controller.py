@@ -301,8 +301,9 @@ class Controller:
                 # the Scale against the patched object, so a replica change by someone else
                 # in between is still a 409
                 if (patched.get("spec") or {}).get("replicas", replicas) != replicas:
-                    raise KubeError(  # noqa: TRY301 - recorded below like any API failuref"PATCH {object_path(ns, owner.kind, owner.name)}", None,
-                                    "replicas changed while scaling down; next interval")
+                    raise KubeError(  # noqa: TRY301 - recorded below like any API failure
+                        f"PATCH {object_path(ns, owner.kind, owner.name)}", None,
+                        "replicas changed while scaling down; next interval")
                 scale = {**scale, "metadata": {
                     **(scale.get("metadata") or {}),
                     "resourceVersion": (patched.get("metadata") or {}).get("resourceVersion")}}

@@ -94,7 +94,7 @@ class Kube:
                 method=method, resource_path=path, query_params=list((query or {}).items()),
                 header_params=headers, body=body, auth_settings=["BearerToken"])
             response = self.client.call_api(*params, _request_timeout=TIMEOUT)
-            response.read()
+            response.read()  # type: ignore[no-untyped-call]
         except k8s.ApiException as exc:
             status = exc.status or 0
             if (status == HTTP_NOT_FOUND and missing_ok) or (status == HTTP_CONFLICT
@@ -110,7 +110,7 @@ class Kube:
                 return None
             raise KubeError(what, status, _message(response.data) or str(response.reason))
         try:
-            data = orjson.loads(response.data) if response.data else {}
+            data: Any = orjson.loads(response.data) if response.data else {}
         except orjson.JSONDecodeError:
             raise KubeError(what, status, "the answer is not JSON") from None
         return data if isinstance(data, dict) else {}

@@ -96,7 +96,7 @@ class FakeKube:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
-        body = orjson.loads(raw) if raw else None
+        body: Any = orjson.loads(raw) if raw else None
         self.requests.append(Request(request.method, request.path, body,
                                      request.headers.get("Content-Type", "")))
         failing = self.fail(request.method, request.path)
