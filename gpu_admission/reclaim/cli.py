@@ -121,15 +121,18 @@ def reclaim(ctx: click.Context, /, prometheus_url: str | None, policy_file: Path
                 click.echo(f"error: {controller.failing}; actions paused", err=True)
                 sys.exit(1)
             return
-        _loop(controller, interval_s, lease, metrics_port)
+        _loop(controller, interval_s, lease, metrics_port, policy_file)
     finally:
         records.close()
         kube.close()
         prom.close()
 
 
-def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int) -> None:
-    """Every ``interval``: one interval while leader; SIGTERM/SIGINT ends it."""
+def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int,
+          policy_file: Path | None) -> None:
+    """Every ``interval``: re-read the policy (a ConfigMap mounted as a directory changes in
+    place; an invalid one is logged and the last good one kept), then one interval while
+    leader; SIGTERM/SIGINT ends it."""
     from gpu_admission.reclaim.lease import LeaseElector  # noqa: PLC0415
 
     stop = threading.Event()
@@ -148,6 +151,13 @@ def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int) 
     server = _probes(controller, metrics_port, ready) if metrics_port else None
     try:
         while not stop.is_set():
+            if policy_file is not None:
+                try:
+                    controller.policy = load_policy(policy_file)
+                except PolicyError as exc:
+                    controller.log.error(  # noqa: TRY400 - the message says it all
+                        "policy_reload_failed", path=str(policy_file),
+                        error=str(exc), detail="keeping the last good policy")
             leader = elector is None or elector.is_leader()
             controller.metrics.leader.set(1 if leader else 0)
             if leader:
