@@ -206,7 +206,7 @@ def check_scheduler_disabled(docs: Docs, tmp_path: Path) -> None:
                 if d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
                 == "scheduler"]
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"] == \
-        ["gpu-admission"]
+        ["gpu-admission", "gpu-admission-reclaim"]  # reclaim: its own value
 
 
 def check_extender_disabled(docs: Docs, tmp_path: Path) -> None:
@@ -476,7 +476,8 @@ def test_objects_refer_to_each_other(case: str, rendered: dict[str, Docs],
     secret, names = check_webhook_refs(docs, ns)
     check_certificate_refs(docs, ns, secret, names)
     if [d for d in docs if d["kind"] == "Deployment" and d is not
-            component(docs, "Deployment", "webhook")]:
+            component(docs, "Deployment", "webhook")
+            and d["metadata"]["labels"].get("app.kubernetes.io/component") != "reclaim"]:
         check_scheduler_refs(docs, ns, tmp_path)
     service = one(docs, "Service")
     for monitor in (d for d in docs if d["kind"] == "ServiceMonitor"):
