@@ -127,6 +127,12 @@ def notebook_pod(ns: str, name: str) -> list[dict[str, Any]]:
     return [nb, sts, pod(ns, f"{name}-0", sts, labels={"notebook-name": name})]
 
 
+def statefulset_pod(ns: str, name: str, *, replicas: int = 2) -> list[dict[str, Any]]:
+    """StatefulSet ``name`` -> pod ``name-0`` (inference: no notebook label)."""
+    sts = _owned("StatefulSet", "apps/v1", ns, name, None, {"replicas": replicas})
+    return [sts, pod(ns, f"{name}-0", sts)]
+
+
 def pod_name(ns: str, name: str) -> tuple[str, str]:
     return (ns, f"{name}-7d9f-abcde")
 
@@ -140,6 +146,7 @@ def history() -> list[Gpu]:
         gpu("node-a", 3, gap, pod_name("ml", "gappy")),
         gpu("node-a", 4, busy_again, pod_name("ml", "dave")),
         gpu("node-a", 5, idle_from_nine, ("ml", "carol-0")),
+        gpu("node-a", 6, idle_from_nine, ("ml", "llm-0")),
         # one GPU, two holders: every series carries the device-wide value
         gpu("node-b", 0, lambda ts: 40, pod_name("ml", "share-idle")),
         gpu("node-b", 0, lambda ts: 40, pod_name("ml", "share-busy")),

@@ -6,25 +6,21 @@ through click, and the exact requests it sends.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 from click.testing import CliRunner, Result
 
 from gpu_admission.cli import main
 from gpu_admission.report.timeframe import iso
-from tests.dcgm_history_support import write_file
-from tests.prometheus_support import PrometheusProcess, create_blocks, running_prometheus
+from tests.prometheus_support import PrometheusProcess
 from tests.reclaim.fake_api import FakeKube, fake_kube
 from tests.reclaim.scenario import (
     NIGHT,
     T0,
     T1,
     deployment_pod,
-    history,
     namespace,
     notebook_pod,
 )
@@ -32,15 +28,6 @@ from tests.server_support import free_port
 
 POD = "jupyter-alice-7d9f-abcde"
 MESSAGE = "GPU 0 on node-a under 10 % SM for 2 h 10 min of working hours, holding 16 GiB"
-
-
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusProcess]:
-    work = tmp_path_factory.mktemp("reclaim-prom")
-    write_file(history(), work / "history.om")
-    create_blocks(work / "history.om", work / "tsdb", max_block_duration="720h")
-    with running_prometheus(work / "prom", None, work / "tsdb") as running:
-        yield running
 
 
 def run(prom_url: str, kubeconfig: Path, *args: str) -> Result:
