@@ -48,7 +48,7 @@ from gpu_admission.reclaim.names import (
     SCALABLE_KINDS,
 )
 from gpu_admission.report.compute import idle_flags, idle_runs
-from gpu_admission.report.query import Fetched
+from gpu_admission.report.query import Fetched, GpuData
 from gpu_admission.report.timeframe import Range, WorkingHours, iso
 
 #: How far back the controller looks: a run of working hours never crosses midnight
@@ -483,3 +483,54 @@ def plan_table(plan: Plan) -> str:
                  f"idle = SM under {plan.threshold:g} %; at most {plan.limit} scale-downs "
                  f"per interval{'' if plan.actions_allowed else '; ACTIONS PAUSED'}")
     return "\n".join(lines) + "\n"
+
+
+# --- the report's preview -----------------------------------------------------------------
+
+def tail(fetched: Fetched, seconds: int = WINDOW_SECONDS) -> Fetched:
+    """The last ``seconds`` of ``fetched`` (the controller's window), as its own Fetched."""
+    rng = fetched.range
+    n = min(rng.points, seconds // rng.step + 1)
+    cut = rng.points - n
+    sliced = Range(rng.end - (n - 1) * rng.step, rng.end, rng.step)
+    gpus = []
+    for g in fetched.gpus:
+        holders = {k: m[cut:] for k, m in g.holders.items() if any(m[cut:])}
+        gpus.append(GpuData(g.node, g.gpu, g.uuid, g.model, g.util[cut:], g.fb_used[cut:],
+                            holders))
+    return Fetched(sliced, gpus, fetched.holder_labels, fetched.queries,
+                   fetched.metrics_missing)
+
+
+def preview(fetched: Fetched, policy: Policy) -> list[dict[str, Any]]:
+    """What ``gpu-admission reclaim`` would do at the end of a report's range, per idle pod,
+    from the metrics alone (the report reads no Kubernetes objects, so the workload class,
+    the owner and the namespace's ``gpu-admission.io/reclaim`` label are stated as the
+    conditions they are). Same window, settings and code as the controller."""
+    window = tail(fetched)
+    rc = policy.spec.reclaim
+    threshold = float(policy.spec.placement.idle_below_percent)
+    found = measure(window, working_mask(policy, window.range), threshold,
+                    max(1, round(rc.idle_hours * 3600)))
+    exempt = policy.compiled.exempt_namespaces
+    end = float(window.range.end)
+    out = []
+    for (namespace, pod), idl in sorted(found.items()):
+        if not idl.idle:
+            continue
+        never = namespace in exempt
+        out.append({
+            "namespace": namespace, "pod": pod,
+            "gpus": [f"{g.node}/{g.gpu}" for g in idl.gpus],
+            "idleSince": iso(idl.since) if idl.since is not None else None,
+            "idleHoursWorking": round(idl.idle_seconds / 3600, 3),
+            "message": notice_message(idl, threshold),
+            "action": "none (namespace exempt)" if never else "notice",
+            "noticeAt": None if never else iso(end),
+            "scaleDownAt": None if never else iso(end + rc.grace_minutes * 60),
+            "condition": "" if never else (
+                f"notice if its workload class is one of {', '.join(rc.workloads)}; "
+                f"scale-down only if namespace {namespace} is labelled "
+                f"{RECLAIM_LABEL}={RECLAIM_SCALE_DOWN} and its owner is a Deployment, "
+                "StatefulSet or Kubeflow Notebook")})
+    return out
