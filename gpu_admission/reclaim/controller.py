@@ -57,7 +57,7 @@ from gpu_admission.reclaim.plan import (
     PodPlan,
     build_plan,
 )
-from gpu_admission.report.query import NoDataError, fetch
+from gpu_admission.report.query import POINT_BUDGET, NoDataError, fetch
 from gpu_admission.report.timeframe import iso, resolve_range
 
 STEP_SECONDS: Final = 300  # the report's default --step: dcgm-exporter samples every 30 s
@@ -146,6 +146,9 @@ class Controller:
     metrics: ReclaimMetrics = field(default_factory=ReclaimMetrics)
     instance: str = field(default_factory=socket.gethostname)
     step: int = STEP_SECONDS
+    # series x instants per Prometheus answer: half the report's, so a large fleet's answers
+    # (decoded JSON, two in flight) stay small next to the cluster's object lists
+    point_budget: int = POINT_BUDGET // 2
     window: int = WINDOW_SECONDS
     is_leader: Callable[[], bool] = lambda: True
     healthy: bool = True  # the previous interval succeeded (actions may run)
@@ -159,7 +162,7 @@ class Controller:
         fetched = None
         prom_error = ""
         try:
-            fetched = fetch(self.prom, rng)
+            fetched = fetch(self.prom, rng, budget=self.point_budget)
         except NoDataError:
             pass  # no GPU series at all: nothing is idle, nothing failed
         except PromError as exc:
