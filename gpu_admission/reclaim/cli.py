@@ -208,9 +208,14 @@ def _probes(controller: Any, port: int, ready: threading.Event) -> ThreadingHTTP
 @reclaim.command("restore")
 @click.argument("target", metavar="KIND/NAME")
 @click.option("-n", "--namespace", required=True, help="Namespace of the owner.")
+@click.option("--kubeconfig", "kubeconfig", default=None, metavar="FILE",
+              help="kubeconfig file, or in-cluster [default: the reclaim option's].")
+@click.option("--audit-log", "audit_log", default=None, metavar="FILE|-",
+              help="Decision log the record is appended to [default: the reclaim option's].")
 @click.option("--now", "now_text", default=None, hidden=True)
 @click.pass_obj
-def restore_command(obj: dict[str, Any], /, target: str, namespace: str,
+def restore_command(obj: dict[str, Any], /, target: str, namespace: str,  # noqa: PLR0917
+                    kubeconfig: str | None, audit_log: str | None,
                     now_text: str | None) -> None:
     """Scale KIND/NAME back to the replicas recorded at the scale-down (or restart a
     Notebook), remove reclaim's annotations, and record it."""
@@ -227,10 +232,11 @@ def restore_command(obj: dict[str, Any], /, target: str, namespace: str,
     policy = _policy(obj["policy_file"])
     now = _now(now_text)
     try:
-        kube = KubeSource(obj["kubeconfig"]).open()
+        kube = KubeSource(kubeconfig or obj["kubeconfig"]).open()
     except KubeError as exc:
         raise ReclaimError(f"--kubeconfig: {exc}") from None
-    records = RecordLog(obj["audit_log"])
+    audit_log = audit_log or obj["audit_log"]
+    records = RecordLog(audit_log)
     try:
         what = restore(kube, records, kind=canonical, name=name, namespace=namespace,
                        policy=policy, instance=socket.gethostname(),
@@ -240,5 +246,5 @@ def restore_command(obj: dict[str, Any], /, target: str, namespace: str,
     finally:
         records.close()
         kube.close()
-    click.echo(what, err=obj["audit_log"] == "-")
+    click.echo(what, err=audit_log == "-")
     sys.stdout.flush()

@@ -155,8 +155,8 @@ def test_notice_then_scale_down_then_restore(prom: PrometheusProcess, tmp_path: 
 
         mark = len(fake.requests)
         restored = CliRunner().invoke(main, [
-            "reclaim", "--kubeconfig", str(kubeconfig), "--audit-log", str(log), "restore",
-            "deployment/jupyter-alice", "-n", "ml", "--now", str(T1 + 600)],
+            "reclaim", "restore", "deployment/jupyter-alice", "-n", "ml", "--kubeconfig",
+            str(kubeconfig), "--audit-log", str(log), "--now", str(T1 + 600)],
             catch_exceptions=False)
         assert restored.exit_code == 0, restored.output
         assert [(r.method, r.path) for r in fake.requests[mark:]] == [
