@@ -147,6 +147,8 @@ def history() -> list[Gpu]:
         gpu("node-a", 4, busy_again, pod_name("ml", "dave")),
         gpu("node-a", 5, idle_from_nine, ("ml", "carol-0")),
         gpu("node-a", 6, idle_from_nine, ("ml", "llm-0")),
+        gpu("node-a", 7, idle_from_nine, ("ml", "batch-x7k2p")),
+        gpu("node-d", 0, idle_from_nine, ("ml", "scratch")),
         # one GPU, two holders: every series carries the device-wide value
         gpu("node-b", 0, lambda ts: 40, pod_name("ml", "share-idle")),
         gpu("node-b", 0, lambda ts: 40, pod_name("ml", "share-busy")),

@@ -23,6 +23,7 @@ from tests.reclaim.scenario import (
     deployment_pod,
     namespace,
     notebook_pod,
+    pod,
 )
 from tests.server_support import free_port
 
@@ -321,3 +322,26 @@ def _next_interval_after_a_failure_is_notice_only(prom: PrometheusProcess,
         assert [i.action.value for i in again.items] == ["scale-down", "scale-down"]
         controller.records.close()
         controller.kube.close()
+
+
+def test_bare_pods_and_jobs_get_notices_only(prom: PrometheusProcess, tmp_path: Path) -> None:
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "batch"}}
+    world = [namespace("ml", scale_down=True),
+             pod("ml", "batch-x7k2p", job, labels={"gpu-admission.io/workload": "inference"}),
+             pod("ml", "scratch", None, labels={"notebook-name": "scratch"})]
+    log = tmp_path / "log"
+    with fake_kube(tmp_path, *world) as (fake, kubeconfig):
+        assert once(prom, kubeconfig, log, T0).exit_code == 0
+        assert writes(fake) == [*notice_writes("ml", "batch-x7k2p", "Job", "batch"),
+                                *notice_writes("ml", "scratch", "", "")]
+        mark = len(fake.requests)
+        later = once(prom, kubeconfig, log, T1 + 3600)
+        assert later.exit_code == 0, later.output
+        assert writes(fake, mark) == []  # never scaled, never deleted
+        assert {(p["pod"], p["action"], p["reason"]) for p in orjson.loads(later.stdout)[
+            "pods"]} == {
+            ("batch-x7k2p", "notice-only", "owner Job/batch is never scaled down (only "
+             "Deployments, StatefulSets and Kubeflow Notebooks are)"),
+            ("scratch", "notice-only", "owner Pod/scratch is never scaled down (only "
+             "Deployments, StatefulSets and Kubeflow Notebooks are)")}
+    assert len(fake.store["pods"]) == 2

@@ -128,7 +128,7 @@ def test_deployment_args_parse_and_probes_answer(tmp_path: Path) -> None:
     assert container["ports"][0]["containerPort"] == int(flag(args, "--metrics-port"))
     # the probe paths answer on the real command's probe server
     port = free_port()
-    with fake_kube(tmp_path, namespace("ml", scale_down=True)) as (_fake, kubeconfig):
+    with fake_kube(tmp_path, namespace("ml", scale_down=True)) as (fake, kubeconfig):
         import subprocess  # noqa: PLC0415
         import sys  # noqa: PLC0415
         import time  # noqa: PLC0415
@@ -137,7 +137,8 @@ def test_deployment_args_parse_and_probes_answer(tmp_path: Path) -> None:
             [sys.executable, "-m", "gpu_admission", "reclaim", "--prometheus",
              f"http://127.0.0.1:{free_port()}", "--kubeconfig", str(kubeconfig),
              "--interval", "1h", "--metrics-port", str(port), "--audit-log",
-             str(tmp_path / "log")], stderr=subprocess.PIPE)
+             str(tmp_path / "log"), "--lease", str(parsed["--lease"])],
+            stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 30
             answers: dict[str, int] = {}
@@ -154,7 +155,8 @@ def test_deployment_args_parse_and_probes_answer(tmp_path: Path) -> None:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
                                                 timeout=2) as response:
                         text = response.read().decode()
-                        if "gpu_admission_reclaim_paused 1.0" in text:
+                        if ("gpu_admission_reclaim_paused 1.0" in text
+                                and "gpu_admission_reclaim_leader 1.0" in text):
                             answers["/metrics"] = response.status
                 except OSError:
                     time.sleep(0.2)
@@ -162,6 +164,9 @@ def test_deployment_args_parse_and_probes_answer(tmp_path: Path) -> None:
             process.terminate()
             _, stderr = process.communicate(timeout=10)
     assert answers == {"/healthz": 200, "/readyz": 200, "/metrics": 200}
+    lease = fake.get("Lease", namespace_, lease_name)
+    assert lease is not None
+    assert lease["spec"]["leaseDurationSeconds"] == 15
     # Prometheus unreachable: paused, and said once
     assert stderr.decode().count("reclaim_paused") == 1, stderr.decode()
     assert process.returncode in (0, -15)

@@ -20,7 +20,8 @@ def test_report_lists_what_reclaim_would_do(prom: PrometheusProcess) -> None:
     # idle at night only, a gap, a GPU shared with a busy pod, busy again later: absent
     assert sorted(rows) == sorted([
         ("ml", "jupyter-alice-7d9f-abcde"), ("lab", "jupyter-bob-7d9f-abcde"),
-        ("ml", "carol-0"), ("ml", "llm-0"), ("ml", "dave-7d9f-abcde"),
+        ("ml", "carol-0"), ("ml", "llm-0"), ("ml", "dave-7d9f-abcde"), ("ml", "batch-x7k2p"),
+        ("ml", "scratch"),
         *(("bulk", f"nb-{i}-7d9f-abcde") for i in range(10))])
     assert rows[("ml", "jupyter-alice-7d9f-abcde")] == {
         "namespace": "ml", "pod": "jupyter-alice-7d9f-abcde", "gpus": ["node-a/0"],
