@@ -161,7 +161,10 @@ def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int,
             leader = elector is None or elector.is_leader()
             controller.metrics.leader.set(1 if leader else 0)
             if leader:
-                controller.run_once()
+                try:
+                    controller.run_once()
+                except Exception as exc:
+                    controller.pause(f"interval failed: {type(exc).__name__}: {exc}")
             ready.set()
             stop.wait(interval if leader else 2.0)
     finally:

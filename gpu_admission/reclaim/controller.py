@@ -203,6 +203,10 @@ class Controller:
         self.metrics.last.set(now)
         return plan
 
+    def pause(self, why: str) -> None:
+        """Pause actions after an unexpected error (the loop keeps running)."""
+        self._fail(why)
+
     def _fail(self, why: str) -> None:
         """Pause actions; one log line per outage (a new cause logs again)."""
         if self.failing != why:
