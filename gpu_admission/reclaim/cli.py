@@ -163,7 +163,7 @@ def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int,
             if leader:
                 try:
                     controller.run_once()
-                except Exception as exc:
+                except Exception as exc:  # a bug must not end the loop
                     controller.pause(f"interval failed: {type(exc).__name__}: {exc}")
             ready.set()
             stop.wait(interval if leader else 2.0)

@@ -184,6 +184,13 @@ def test_notice_then_scale_down_then_restore(prom: PrometheusProcess, tmp_path: 
     assert listed.exit_code == 0, listed.output
     assert sorted(r["decision"] for r in orjson.loads(listed.stdout)) == sorted(
         d for d, _, _ in decided)
+    summary = CliRunner().invoke(main, ["audit", "summary", "-o", "json", str(log)])
+    assert summary.exit_code == 0, summary.output
+    assert orjson.loads(summary.stdout)["total"] == len(decided)
+    uid = records(log)[0]["uid"]
+    shown = CliRunner().invoke(main, ["audit", "show", uid, str(log)])
+    assert shown.exit_code == 0, shown.output
+    assert "reclaim-notice" in shown.stdout
 
 
 def test_busy_again_before_the_grace_clears_the_notice(prom: PrometheusProcess,
