@@ -71,6 +71,9 @@ class PrometheusClient:
         self.queries = 0
         self._count = threading.Lock()  # queries may be sent from worker threads
         self._pool = urllib3.PoolManager(
+            # callers run a few queries at once (report.query.IN_FLIGHT): keep a connection
+            # for each instead of urllib3's default of one ("Connection pool is full")
+            maxsize=4,
             retries=urllib3.Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.2,
                                   allowed_methods=None),
             timeout=urllib3.Timeout(connect=10.0, read=timeout))
