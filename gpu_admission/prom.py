@@ -91,10 +91,10 @@ class PrometheusClient:
         except urllib3.exceptions.MaxRetryError as exc:
             reason = exc.reason or exc
             raise PromError(f"cannot reach Prometheus at {self.base_url}: "
-                            f"{_reason(reason)}") from None
+                            f"{connection_reason(reason)}") from None
         except urllib3.exceptions.HTTPError as exc:
-            raise PromError(f"cannot reach Prometheus at {self.base_url}: {_reason(exc)}") \
-                from None
+            raise PromError(f"cannot reach Prometheus at {self.base_url}: "
+                            f"{connection_reason(exc)}") from None
         return decode(url, response.status, response.headers.get("Content-Type", ""),
                       response.data)
 
@@ -126,8 +126,9 @@ def _ts(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def _reason(exc: BaseException) -> str:
-    """The root cause of a urllib3 error in a few words (``connection refused``)."""
+def connection_reason(exc: BaseException) -> str:
+    """The root cause of a urllib3 error in a few words (``connection refused``); also used
+    for the API server by ``gpu_admission.reclaim.kube``."""
     text = str(exc)
     for marker in ("Connection refused", "Name or service not known", "timed out",
                    "No route to host", "certificate verify failed",

@@ -25,6 +25,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
 
+from gpu_admission.prom import connection_reason
 from gpu_admission.reclaim.names import (
     DEPLOYMENT,
     EVENT_COMPONENT,
@@ -101,8 +102,12 @@ class Kube:
                                                              and conflict_ok):
                 return None
             raise KubeError(what, status, _message(exc.body) or str(exc.reason)) from None
+        except urllib3.exceptions.MaxRetryError as exc:
+            raise KubeError(what, None, "cannot reach the API server: "
+                            f"{connection_reason(exc.reason or exc)}") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeError(what, None, f"cannot reach the API server: {exc}") from None
+            raise KubeError(what, None, "cannot reach the API server: "
+                            f"{connection_reason(exc)}") from None
         status = response.status
         if status >= 300:
             if (status == HTTP_NOT_FOUND and missing_ok) or (status == HTTP_CONFLICT

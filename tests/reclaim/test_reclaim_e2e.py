@@ -352,3 +352,18 @@ def test_bare_pods_and_jobs_get_notices_only(prom: PrometheusProcess, tmp_path: 
             ("scratch", "notice-only", "owner Pod/scratch is never scaled down (only "
              "Deployments, StatefulSets and Kubeflow Notebooks are)")}
     assert len(fake.store["pods"]) == 2
+
+
+def test_api_server_down_is_one_clear_error(prom: PrometheusProcess, tmp_path: Path) -> None:
+    from tests.kube_api_support import write_kubeconfig  # noqa: PLC0415
+
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", free_port())
+    result = run(prom.url, kubeconfig, "--once", "--now", str(T0), "--audit-log",
+                 str(tmp_path / "log"))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[-1] == (
+        "Error: API server: GET /api/v1/namespaces: cannot reach the API server: connection "
+        "refused"), result.stderr
+    assert result.stderr.count("reclaim_paused") == 1
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "log").exists()
