@@ -369,13 +369,14 @@ def _decide(p: PodPlan, annotations: Mapping[str, Any], cluster: Cluster,  # noq
 
     idl = p.idleness
     noticed = p.notice_at
+    # undoing a notice is always allowed (even where a changed policy now exempts the pod)
+    if noticed is not None and idl.busy_at is not None and idl.busy_at > _since(annotations,
+                                                                               noticed):
+        return with_(Action.CLEAR, f"busy again at {iso(idl.busy_at)}")
     if p.namespace in exempt:
         return with_(Action.SKIP, f"namespace {p.namespace} is exempt (spec.exemptions)")
     if p.workload not in workloads:
         return with_(Action.SKIP, f"workload {p.workload} is not in spec.reclaim.workloads")
-    if noticed is not None and idl.busy_at is not None and idl.busy_at > _since(annotations,
-                                                                               noticed):
-        return with_(Action.CLEAR, f"busy again at {iso(idl.busy_at)}")
     if not idl.complete:
         return with_(Action.SKIP, idl.reason)
     if not idl.idle and noticed is None:
