@@ -349,6 +349,7 @@ class Binder:
         state.log.info("gpu_opening", reservation=reservation, node=node, pod=reserved_for)
         uuid = await self._wait_opening(reservation, node)
         state.ledger.resolve(reservation, uuid)
+        state.waiting.pop(reservation, None)  # later joiners read the UUID from the ledger
         return uuid
 
     async def _wait_opening(self, reservation: str, node: str) -> str:
@@ -377,7 +378,10 @@ class Binder:
         state.ledger.close_opening(reservation)
         future = state.waiting.pop(reservation, None)
         if future is not None and not future.done():
-            future.cancel()
+            # binds that joined this opening GPU fail with a reason too
+            future.set_exception(BindError(f"the GPU being opened on reservation pod "
+                                           f"{reservation} failed; kube-scheduler retries"))
+            future.exception()  # retrieved: no "never retrieved" warning when nobody joined
         state.created.pop(reservation, None)
         await self._quietly("DELETE", f"/api/v1/namespaces/{state.config.namespace}/pods/"
                                       f"{reservation}")
