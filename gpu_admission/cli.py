@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "extender": "gpu_admission.extender.cli:extender",
     "report": "gpu_admission.report.cli:report",
     "compile": "gpu_admission.compile.cli:compile_command",
+    "reserve": "gpu_admission.reserve:reserve",
 }
 
 

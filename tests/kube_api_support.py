@@ -408,15 +408,21 @@ async def running_api(tmp: Path) -> AsyncIterator[tuple[FakeApiServer, Path]]:
 
 
 @contextmanager
-def api_in_thread(tmp: Path, *objs: dict[str, Any]) -> Iterator[Path]:
+def api_in_thread(tmp: Path, *objs: dict[str, Any],
+                  on_write: list[Any] | None = None) -> Iterator[Path]:
     """The fake API, holding ``objs``, on its own event loop in a thread (for tests that run
-    the webhook as a subprocess); yields the kubeconfig."""
+    the webhook as a subprocess); yields the kubeconfig. ``on_write``: gets (method, path,
+    body, the stored object's annotations) of each write."""
     ready: queue_module.Queue[Path] = queue_module.Queue()
     done = threading.Event()
 
     async def serve() -> None:
         async with running_api(tmp) as (fake, kubeconfig):
             fake.apply(*objs)
+            if on_write is not None:
+                fake.on_write.append(lambda method, path, obj: on_write.append(
+                    (method, path, fake.writes[-1][2],
+                     (obj.get("metadata") or {}).get("annotations"))))
             ready.put(kubeconfig)
             await asyncio.to_thread(done.wait)
 
