@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import secrets
 import time
 from datetime import datetime
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from kubernetes import client as k8s
@@ -79,7 +80,9 @@ class BindError(Exception):
 @dataclass(frozen=True, slots=True)
 class BindConfig:
     namespace: str  # the install namespace: reservation pods live here
-    image: str  # the project's image (runs `gpu-admission reserve`)
+    #: the project's image (runs `gpu-admission reserve`); "": this extender container's own
+    #: image, read once from its pod (env POD_NAME / POD_NAMESPACE, the downward API)
+    image: str
     reservation_timeout_seconds: float = 60.0  # wait for the reservation's UUID
     service_account: str = "gpu-admission-reservation"
     housekeeping_seconds: float = 30.0  # period of cleanup and node advertising
@@ -182,10 +185,12 @@ class KubeState:
     #: reservation name -> future of its UUID (binds waiting on an opening GPU)
     waiting: dict[str, asyncio.Future[str]] = field(default_factory=dict)
     created: dict[str, float] = field(default_factory=dict)  # reservation -> creation time
+    image: str = ""  # reservation pods' image, once known
     watcher: Watcher = field(init=False)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.config.namespace)
+        self.image = self.config.image
         m = self.metrics
         self.watcher = Watcher(self.client, RESOURCES, on_replace=self._replace,
                                on_event=self._event,
@@ -336,9 +341,35 @@ class Binder:
                 await self._close(opened)
             raise
 
+    async def image(self) -> str:
+        """The reservation pods' image: configured, else this container's own."""
+        state = self.state
+        if state.image:
+            return state.image
+        pod_name, pod_ns = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+        if not pod_name or not pod_ns:
+            raise BindError("no image for reservation pods: set --reservation-image, or "
+                            "POD_NAME/POD_NAMESPACE (downward API) so the extender reads its "
+                            "own image")
+        try:
+            pod = await self.call("GET", f"/api/v1/namespaces/{pod_ns}/pods/{pod_name}")
+        except kube.KubeError as exc:
+            raise BindError(f"cannot read this extender's pod {pod_ns}/{pod_name} for the "
+                            f"reservation image: {exc}") from None
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            if (c.get("args") or [""])[0] == "extender" and c.get("image"):
+                state.image = str(c["image"])
+                return state.image
+        raise BindError(f"pod {pod_ns}/{pod_name} has no container running `gpu-admission "
+                        f"extender`; set --reservation-image")
+
     async def _open(self, reservation: str, node: str, reserved_for: str) -> str:
         state = self.state
-        body = reservation_pod(reservation, node, state.config, reserved_for)
+        config = state.config
+        image = await self.image()
+        if image != config.image:
+            config = BindConfig(**{**asdict(config), "image": image})
+        body = reservation_pod(reservation, node, config, reserved_for)
         try:
             await self.call("POST", f"/api/v1/namespaces/{state.config.namespace}/pods",
                             body=body)

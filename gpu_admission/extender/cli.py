@@ -94,9 +94,10 @@ def _prefix(ctx: click.Context | None, param: click.Parameter | None, value: str
                    "kubeconfig. Default: off (filter and prioritize only).")
 @click.option("--namespace", default="gpu-admission", show_default=True,
               help="Install namespace: reservation pods are created here.")
-@click.option("--reservation-image", default="gpu-admission", show_default=True,
+@click.option("--reservation-image", default="", show_default=False,
               help="Image of reservation pods (the project's image; runs `gpu-admission "
-                   "reserve`).")
+                   "reserve`). Default: this extender container's own image, read from its "
+                   "pod (env POD_NAME/POD_NAMESPACE from the downward API).")
 @click.option("--reservation-service-account", default="gpu-admission-reservation",
               show_default=True, help="ServiceAccount of reservation pods (may patch pods "
               "in --namespace).")
