@@ -131,8 +131,13 @@ def test_scheduler_objects_match_the_openapi_schema(docs: list[dict[str, Any]],
         "ClusterRole/gpu-aware-scheduler-fractional",
         "ClusterRoleBinding/gpu-aware-scheduler-fractional",
         "Role/gpu-aware-scheduler-reservations", "RoleBinding/gpu-aware-scheduler-reservations",
-        "ServiceAccount/gpu-admission-reservation", "Role/gpu-admission-reservation",
-        "RoleBinding/gpu-admission-reservation"])
+    ])
+    reservation = [d for d in docs if d["metadata"].get("labels", {}).get(
+        "app.kubernetes.io/component") == "gpu-reservation"]
+    assert sorted(f"{d['kind']}/{d['metadata']['name']}" for d in reservation) == [
+        "Role/gpu-admission-reservation", "RoleBinding/gpu-admission-reservation",
+        "ServiceAccount/gpu-admission-reservation"]
+    objects += reservation
     for doc in objects:
         assert doc["apiVersion"] in BUILTIN_GROUPS
         kubernetes_validate.validate(doc, version, strict=True)
