@@ -12,8 +12,9 @@ bind finds the GPU the scores promised):
   TargetLoadPacking's curve at the GPU's DCGM SM utilisation + the pod's share of the card
   (:func:`~gpu_admission.extender.placement.target_load_packing`, towards
   ``targetUtilizationPercent``) and a best fit on memory, ``100 x (1 - leftover / card)``
-  (the tightest fit leaves roomy GPUs for big pods; Alibaba gpushare's rule). Without metrics
-  for a GPU the memory fit alone decides. Ties: an open GPU before a new one, then by id.
+  (the tightest fit leaves roomy GPUs for big pods; Alibaba gpushare's rule); 0 when the
+  predicted utilisation passes 100 % (it still fits, as a last resort). Without metrics for a
+  GPU the memory fit alone decides. Ties: an open GPU before a new one, then by id.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ def gpu_score(free_mib: int, need_mib: int, card_mib: int, util: float | None,
     tight = 100 * (1 - (free_mib - need_mib) / card_mib) if card_mib > 0 else 0.0
     if util is None:
         return round_half_away(tight)
+    if util + share_percent > 100:
+        # predicted past the card's compute: TargetLoadPacking gives 0, and a tight memory
+        # fit must not win it back (the pod would slow every tenant of a saturated GPU)
+        return 0
     return round_half_away((target_load_packing(util + share_percent, target) + tight) / 2)
 
 

@@ -154,7 +154,13 @@ SCHEDULER_OBJECTS = [
     "ClusterRoleBinding/gpu-aware-scheduler-as-volume-scheduler",
     f"RoleBinding/{SCHEDULER_AUTH_READER}", "Role/gpu-aware-scheduler-lease",
     "RoleBinding/gpu-aware-scheduler-lease", "Deployment/gpu-aware-scheduler",
-    "PodDisruptionBudget/gpu-aware-scheduler"]
+    "PodDisruptionBudget/gpu-aware-scheduler",
+    # fractional GPU pools: the extender's ledger and bind, reservation pods
+    "ClusterRole/gpu-aware-scheduler-fractional",
+    "ClusterRoleBinding/gpu-aware-scheduler-fractional",
+    "Role/gpu-aware-scheduler-reservations", "RoleBinding/gpu-aware-scheduler-reservations",
+    "ServiceAccount/gpu-admission-reservation", "Role/gpu-admission-reservation",
+    "RoleBinding/gpu-admission-reservation"]
 
 
 def test_base_kinds_and_namespaces() -> None:
