@@ -61,6 +61,8 @@ from typing import Any
 import orjson
 
 from gpu_admission.extender.app import STATE, ExtenderConfig, create_app, decide
+from gpu_admission.extender.fractional import NEW_GPU
+from gpu_admission.extender.fractional import choose as choose_gpu
 from gpu_admission.extender.gpustate import (
     FB_FREE,
     FB_USED,
@@ -73,8 +75,6 @@ from gpu_admission.extender.gpustate import (
     node_labels,
     parse_vector,
 )
-from gpu_admission.extender.fractional import NEW_GPU
-from gpu_admission.extender.fractional import choose as choose_gpu
 from gpu_admission.extender.ledger import GpuState, NodeView
 from gpu_admission.extender.placement import (
     filter_nodes,
@@ -358,11 +358,10 @@ def fractional_timing(calls: int, n_nodes: int = 500) -> None:
     rebuilt after a change + choose), the filter over all 500 nodes cold, and bind's wall
     time with its API calls against the fake API server (tests/kube_api_support.py) through
     the real kubernetes client."""
-    from gpu_admission.extender.binder import configmap, reservation_pod, BindConfig  # noqa: PLC0415
+    from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod  # noqa: PLC0415
     from gpu_admission.extender.fractional import filter_fractional  # noqa: PLC0415
     from gpu_admission.extender.ledger import Assignment, Ledger, device_value  # noqa: PLC0415
-    from tests.extender.fractional_support import (  # noqa: PLC0415
-        NAMESPACE, frac_node, frac_pod, frac_policy)
+    from tests.extender.fractional_support import NAMESPACE, frac_node, frac_pod, frac_policy  # noqa: PLC0415
 
     rng = random.Random(7)
     policy = policy_from_dict(frac_policy())
@@ -419,8 +418,7 @@ async def _bind_timing(n: int = 40) -> None:
     import tempfile  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from tests.extender.fractional_support import (  # noqa: PLC0415
-        binding_args, frac_node, frac_pod, stack)
+    from tests.extender.fractional_support import binding_args, frac_node, frac_pod, stack  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as tmp:
         async with stack(Path(tmp), *(frac_node(f"n{i}", gpus=8) for i in range(4))) as s:
@@ -431,7 +429,8 @@ async def _bind_timing(n: int = 40) -> None:
                 walls: list[float] = []
                 writes = len(s.fake.writes)
 
-                async def one(pod: dict[str, Any], node: str) -> None:
+                async def one(pod: dict[str, Any], node: str,
+                              walls: list[float] = walls) -> None:
                     t0 = time.perf_counter()
                     assert (await s.post("bind", binding_args(pod, node)))["Error"] == ""
                     walls.append((time.perf_counter() - t0) * 1000)

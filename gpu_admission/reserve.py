@@ -18,6 +18,7 @@ docs/extender.md says so).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from typing import Any
@@ -53,10 +54,8 @@ def gpu_uuid() -> str:
     except pynvml.NVMLError as exc:
         raise ReserveError(f"NVML could not read the GPU's UUID: {exc}") from None
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
     value = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
     if not value.startswith(("GPU-", "MIG-")):
         raise ReserveError(f"NVML returned {value!r}, not a GPU UUID (GPU-...)")

@@ -377,7 +377,8 @@ def decide_fractional(state: ExtenderState, verb: str, args: ExtenderArgs,
         out = encode_filter(args, result)
     else:
         out = encode_priorities(score_fractional(share, args.names, views, labels,
-                                                 state.policy, state.poller.fresh_snapshot()))
+                                                 state.policy,
+                                                 snapshot=state.poller.fresh_snapshot()))
     return web.Response(body=out, content_type=JSON)
 
 

@@ -34,16 +34,22 @@ import hashlib
 import os
 import secrets
 import time
-from datetime import datetime
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from structlog.typing import FilteringBoundLogger
 
-from gpu_admission.extender.fractional import NEW_GPU, choose, fractional_share, no_fit_reason, node_pool
+from gpu_admission.extender.fractional import (
+    NEW_GPU,
+    choose,
+    fractional_share,
+    no_fit_reason,
+    node_pool,
+)
 from gpu_admission.extender.ledger import (
     CONFIGMAP_LABEL,
     OPENING_PREFIX,
@@ -258,11 +264,7 @@ class Binder:
         start = time.perf_counter()
         kind = "whole"
         try:
-            pod = await self.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
-            meta = pod.get("metadata") or {}
-            if uid and meta.get("uid") != uid:
-                raise BindError(f"pod {namespace}/{name} has UID {meta.get('uid')}, not "
-                                f"{uid}: it was replaced; not bound")
+            pod = await self._pod(namespace, name, uid)
             share = fractional_share(pod)
             if share is not None:
                 kind = "fractional"
@@ -283,6 +285,15 @@ class Binder:
             self.state.metrics.bind_seconds.observe(time.perf_counter() - start)
         self.state.metrics.binds.labels(kind, "bound").inc()
         return ""
+
+    async def _pod(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
+        """The pod as the API has it now; the same UID as kube-scheduler's (not replaced)."""
+        pod = await self.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        found = (pod.get("metadata") or {}).get("uid")
+        if uid and found != uid:
+            raise BindError(f"pod {namespace}/{name} has UID {found}, not {uid}: it was "
+                            f"replaced; not bound")
+        return pod
 
     async def _post_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
         """``POST pods/{name}/binding``, what kube-scheduler's DefaultBinder sends
@@ -313,7 +324,9 @@ class Binder:
             view = state.ledger.view(node)
             choice = choose(view, pool.memory_mib, share, policy.spec.placement)
             if choice is None:
-                raise BindError(f"node {node}: {no_fit_reason(view, pool.memory_mib, share, policy.spec.placement)} (another pod took the memory; kube-scheduler retries)")
+                why = no_fit_reason(view, pool.memory_mib, share, policy.spec.placement)
+                raise BindError(f"node {node}: {why} (another pod took the memory; "
+                                f"kube-scheduler retries)")
             gpu_id = choice.gpu_id
             if gpu_id == NEW_GPU:
                 opened = reservation_name(node)

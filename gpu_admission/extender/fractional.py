@@ -63,8 +63,10 @@ class Choice:
     free_mib: int  # free before the pod, MiB
 
 
-def gpu_score(free_mib: int, need_mib: int, card_mib: int, util: float | None,
+def gpu_score(free_mib: int, need_mib: int, card_mib: int, util: float | None, *,
               share_percent: float, target: int) -> int:
+    """0..100 for one GPU (MiB: free before the pod, share + headroom, the card; util: DCGM
+    SM %, None without metrics; share_percent: the pod's share of the card, %)."""
     tight = 100 * (1 - (free_mib - need_mib) / card_mib) if card_mib > 0 else 0.0
     if util is None:
         return round_half_away(tight)
@@ -86,12 +88,14 @@ def options(view: NodeView, card_mib: int, share_mib: int, placement: Placement,
         free = card_mib - g.used_mib
         if free >= need:
             u = util.get(g.uuid) if util is not None and g.uuid else None
-            out.append(Choice(g.gpu_id, gpu_score(free, need, card_mib, u, share_percent,
-                                                  target), free))
+            out.append(Choice(g.gpu_id, gpu_score(free, need, card_mib, u,
+                                                  share_percent=share_percent,
+                                                  target=target), free))
     if view.free_whole > 0 and card_mib >= need:
         out.append(Choice(NEW_GPU, gpu_score(card_mib, need, card_mib,
                                              0.0 if util is not None else None,
-                                             share_percent, target), card_mib))
+                                             share_percent=share_percent, target=target),
+                          card_mib))
     out.sort(key=lambda c: (-c.score, c.gpu_id == NEW_GPU, c.gpu_id))
     return out
 
@@ -148,7 +152,7 @@ def filter_fractional(share_mib: int, names: list[str], views: Mapping[str, Node
 
 
 def score_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
-                     labels: Mapping[str, Mapping[str, str]], policy: Policy,
+                     labels: Mapping[str, Mapping[str, str]], policy: Policy, *,
                      snapshot: Snapshot | None) -> list[tuple[str, int]]:
     """(node, 0..10): the score of the GPU bind would choose there; 0 where nothing fits."""
     placement = policy.spec.placement

@@ -68,7 +68,8 @@ def frac_pod(name: str, share_mib: int, *, namespace: str = TENANT,
     """A pod as the webhook leaves a fractional pod: the two annotations, the
     ConfigMap-backed NVIDIA_VISIBLE_DEVICES (optional: false), the gpu-memory request and no
     nvidia.com/gpu."""
-    cm = GPU_CONFIGMAP_PREFIX + (request_uid or f"00000000-0000-4000-8000-{zlib.crc32(name.encode()):012d}")
+    uid = request_uid or f"00000000-0000-4000-8000-{zlib.crc32(name.encode()):012d}"
+    cm = GPU_CONFIGMAP_PREFIX + uid
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace,
                          "labels": {"gpu-admission.io/workload": "inference"},
@@ -154,14 +155,14 @@ class Stack:
     def url(self, verb: str, i: int = -1) -> str:
         return f"http://127.0.0.1:{self.extenders[i][1]}/scheduler/{verb}"
 
-    async def start_extender(self, *, timeout: float = 5.0) -> ExtenderState:
+    async def start_extender(self, *, reservation_timeout: float = 5.0) -> ExtenderState:
         policy = self.tmp / "policy.yaml"
         if not policy.exists():
             policy.write_text(yaml.safe_dump(frac_policy()))
         config = ExtenderConfig(prometheus_url="http://127.0.0.1:9", policy_path=policy,
                                 kube_source=str(self.kubeconfig),
                                 bind=BindConfig(namespace=NAMESPACE, image="gpu-admission:test",
-                                                reservation_timeout_seconds=timeout,
+                                                reservation_timeout_seconds=reservation_timeout,
                                                 housekeeping_seconds=3600))
         app = create_app(config, logger=make_logger("warning"))
         runner = web.AppRunner(app, access_log=None)

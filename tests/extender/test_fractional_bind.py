@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+import yaml
 
 from gpu_admission.extender.ledger import CONFIGMAP_LABEL
 from gpu_admission.vocab import (
@@ -27,6 +29,7 @@ from tests.extender.fractional_support import (
     binding_args,
     frac_node,
     frac_pod,
+    frac_policy,
     gpu_of,
     memory_by_gpu,
     reservations,
@@ -76,9 +79,6 @@ async def test_bind_writes_the_configmap_before_the_binding(tmp_path: Path) -> N
 
 
 async def test_cdi_strategy_writes_the_cdi_device_name(tmp_path: Path) -> None:
-    import yaml
-
-    from tests.extender.fractional_support import frac_policy
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(frac_policy(strategy="cdi-cri")))
     async with stack(tmp_path, frac_node("n1")) as s:
         await s.start_extender()
@@ -159,7 +159,7 @@ async def test_a_restart_in_the_middle_rebuilds_the_same_ledger(tmp_path: Path) 
 async def test_a_reservation_that_never_reports_fails_the_bind_and_is_removed(
         tmp_path: Path) -> None:
     async with stack(tmp_path, frac_node("n1")) as s:
-        state = await s.start_extender(timeout=0.5)
+        state = await s.start_extender(reservation_timeout=0.5)
         s.plugin.stall = True
         pod, = s.create(frac_pod("llm-a", 20000))
         error = (await s.post("bind", binding_args(pod, "n1")))["Error"]
@@ -223,8 +223,8 @@ async def test_filter_and_prioritize_read_the_ledger(tmp_path: Path) -> None:
             f"MiB): best open GPU {uuid} has 41920 MiB free of 1 open; 0 whole GPUs free to "
             f"open (1 allocatable, 0 held by whole-GPU pods, 1 by reservations)")
         # packing: the open GPU (tighter fit) beats a new one; no fit scores 0
-        scores = dict((h["Host"], h["Score"]) for h in
-                      await s.post("prioritize", args_with_names(small, names)))
+        scores = {h["Host"]: h["Score"] for h in
+                      await s.post("prioritize", args_with_names(small, names))}
         assert scores["n1"] > scores["n2"] > 0
         assert scores["n3"] == scores["s1"] == 0
 
@@ -272,7 +272,6 @@ async def test_fractional_nodes_advertise_gpu_memory(tmp_path: Path) -> None:
 async def test_malformed_binding_args_get_400(tmp_path: Path, body: Any, error: str) -> None:
     async with stack(tmp_path, frac_node("n1")) as s:
         await s.start_extender()
-        import orjson
         async with s.session.post(s.url("bind"), data=orjson.dumps(body),
                                   headers={"Content-Type": "application/json"}) as resp:
             assert resp.status == 400

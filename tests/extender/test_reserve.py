@@ -29,7 +29,8 @@ ENV = {"POD_NAME": "gpu-admission-reserve-x", "POD_NAMESPACE": "gpu-admission"}
 def test_without_a_gpu_nvml_fails_clearly_in_a_real_process() -> None:
     """This machine has no NVIDIA driver: the real pynvml fails to load libnvidia-ml."""
     proc = subprocess.run([sys.executable, "-m", "gpu_admission", "reserve", "--kube",
-                           "/nonexistent"], capture_output=True, text=True, timeout=60,
+                           "/nonexistent"], check=False, capture_output=True, text=True,
+                          timeout=60,
                           env={**subprocess_env(), **ENV})
     assert proc.returncode == 1
     assert proc.stderr.startswith("Error: NVML initialisation failed: ")
