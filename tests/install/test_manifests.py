@@ -611,7 +611,9 @@ def test_rbac_is_least_privilege() -> None:
     assert one(docs, "Deployment", "gpu-admission")["spec"]["template"]["spec"][
         "automountServiceAccountToken"] is True
     bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
-                and not d["metadata"]["name"].startswith("gpu-aware-scheduler")]
+                # the scheduler's and the reservation pods' own: tests/extender
+                and not d["metadata"]["name"].startswith(("gpu-aware-scheduler",
+                                                          "gpu-admission-reservation"))]
     bound = {s["name"] for b in bindings for s in b["subjects"]}
     assert bound == {job_sa, server_sa}
     server_refs = [b["roleRef"] for b in bindings
