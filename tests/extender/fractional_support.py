@@ -22,7 +22,7 @@ import yaml
 from aiohttp import web
 
 from gpu_admission.extender.app import STATE, ExtenderConfig, ExtenderState, create_app
-from gpu_admission.extender.binder import BindConfig
+from gpu_admission.extender.binder import BindConfig, Binder, KubeState
 from gpu_admission.server.logs import make_logger
 from gpu_admission.vocab import (
     GPU_CONFIGMAP_ANNOTATION,
@@ -127,10 +127,12 @@ class DevicePlugin:
         if stored is None:
             return
         node = stored["spec"]["nodeName"]
+        node_obj = self.fake.get("nodes", "", node)
+        assert node_obj is not None
         held = {((p["metadata"].get("annotations") or {}).get(GPU_UUID_ANNOTATION))
                 for p in self.fake.objects["pods"].values()
                 if p["spec"].get("nodeName") == node}
-        count = int(self.fake.get("nodes", "", node)["status"]["allocatable"]["nvidia.com/gpu"])
+        count = int(node_obj["status"]["allocatable"]["nvidia.com/gpu"])
         free = [f"GPU-{node}-{i}" for i in range(count) if f"GPU-{node}-{i}" not in held]
         assert free, f"device plugin: no free GPU on {node} for {name}"
         pod = copy.deepcopy(stored)
@@ -138,6 +140,19 @@ class DevicePlugin:
         pod["status"] = {"phase": "Running"}
         self.fake.apply(pod)
         self.published.append((name, free[0]))
+
+
+@dataclass(frozen=True)
+class Running:
+    """A started extender's ledger watch and binder (both present: started with --kube)."""
+
+    kube: KubeState
+    binder: Binder
+
+
+def running(state: ExtenderState) -> Running:
+    assert state.kube is not None and state.binder is not None
+    return Running(state.kube, state.binder)
 
 
 @dataclass
@@ -149,13 +164,19 @@ class Stack:
     tmp: Path
     extenders: list[tuple[web.AppRunner, int]] = field(default_factory=list)
 
-    def state(self, i: int = -1) -> ExtenderState:
-        return self.extenders[i][0].app[STATE]
+    def state(self, i: int = -1) -> Running:
+        return running(self.extenders[i][0].app[STATE])
+
+    def obj(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        """A stored object that must exist."""
+        found = self.fake.get(resource, namespace, name)
+        assert found is not None, f"{resource} {namespace}/{name} not found"
+        return found
 
     def url(self, verb: str, i: int = -1) -> str:
         return f"http://127.0.0.1:{self.extenders[i][1]}/scheduler/{verb}"
 
-    async def start_extender(self, *, reservation_timeout: float = 5.0) -> ExtenderState:
+    async def start_extender(self, *, reservation_timeout: float = 5.0) -> Running:
         policy = self.tmp / "policy.yaml"
         if not policy.exists():
             policy.write_text(yaml.safe_dump(frac_policy()))
@@ -172,7 +193,7 @@ class Stack:
         self.extenders.append((runner, port))
         state = app[STATE]
         await until(lambda: state.kube is not None and state.kube.synced, "ledger synced")
-        return state
+        return running(state)
 
     async def stop_extender(self, i: int = -1) -> None:
         runner, _ = self.extenders.pop(i)
@@ -191,7 +212,7 @@ class Stack:
             self.fake.apply(obj)
             meta = obj["metadata"]
             resource = {"Pod": "pods", "Node": "nodes", "ConfigMap": "configmaps"}[obj["kind"]]
-            out.append(self.fake.get(resource, meta.get("namespace", ""), meta["name"]))
+            out.append(self.obj(resource, meta.get("namespace", ""), meta["name"]))
         return out
 
 

@@ -66,9 +66,9 @@ async def test_bind_writes_the_configmap_before_the_binding(tmp_path: Path) -> N
         assert reservation["spec"]["nodeName"] == "n1"
         assert reservation["metadata"]["namespace"] == NAMESPACE
         assert reservation["metadata"]["annotations"][GPU_UUID_ANNOTATION] == uuid
-        bound = s.fake.get("pods", TENANT, "llm-a")
+        bound = s.obj("pods", TENANT, "llm-a")
         assert bound["spec"]["nodeName"] == "n1"
-        cm = s.fake.get("configmaps", TENANT, pod["metadata"]["annotations"][
+        cm = s.obj("configmaps", TENANT, pod["metadata"]["annotations"][
             GPU_CONFIGMAP_ANNOTATION])
         assert cm["metadata"]["labels"][CONFIGMAP_LABEL] == "true"
         assert cm["metadata"]["ownerReferences"] == [
@@ -97,9 +97,9 @@ async def test_a_gpu_opens_once_and_its_reservation_goes_with_its_last_pod(
         assert len(reservations(s.fake)) == 1  # b packed onto a's GPU
         assert gpu_of(s.fake, a) == gpu_of(s.fake, b)
         # a finishes (Succeeded frees its memory), b is deleted: the GPU is empty
-        done = s.fake.get("pods", TENANT, "a")
+        done = s.obj("pods", TENANT, "a")
         s.fake.apply({**done, "status": {"phase": "Succeeded"}})
-        s.fake.delete(s.fake.get("pods", TENANT, "b"))
+        s.fake.delete(s.obj("pods", TENANT, "b"))
         await until(lambda: state.kube.ledger.usage() == {"n1": {gpu_of(s.fake, a) or "": 0}},
                     "memory freed")
         binder = state.binder
@@ -168,7 +168,7 @@ async def test_a_reservation_that_never_reports_fails_the_bind_and_is_removed(
         assert f"reservation pod {NAMESPACE}/gpu-admission-reserve-" in error
         assert reservations(s.fake) == []  # deleted
         assert s.fake.objects["configmaps"] == {}
-        assert not s.fake.get("pods", TENANT, "llm-a")["spec"].get("nodeName")
+        assert not s.obj("pods", TENANT, "llm-a")["spec"].get("nodeName")
         await until(lambda: state.kube.ledger.usage() == {}, "nothing held")
         # the retry works once the node publishes again
         s.plugin.stall = False
@@ -188,9 +188,9 @@ async def test_a_foreign_configmap_under_the_pods_name_is_not_used(tmp_path: Pat
         assert error == (f"ConfigMap {TENANT}/{name} already exists and was not created by "
                          f"gpu-admission for pod llm-a (UID {pod['metadata']['uid']}): not "
                          f"trusted, not used; delete it or recreate the pod")
-        assert s.fake.get("configmaps", TENANT, name)["data"] == {
+        assert s.obj("configmaps", TENANT, name)["data"] == {
             GPU_CONFIGMAP_KEY: "GPU-someone-elses"}  # untouched
-        assert not s.fake.get("pods", TENANT, "llm-a")["spec"].get("nodeName")
+        assert not s.obj("pods", TENANT, "llm-a")["spec"].get("nodeName")
         assert reservations(s.fake) == []  # the GPU this bind opened is closed again
         await until(lambda: state.kube.ledger.usage() == {}, "nothing held")
 
@@ -252,11 +252,11 @@ async def test_fractional_nodes_advertise_gpu_memory(tmp_path: Path) -> None:
     async with stack(tmp_path, frac_node("n1", gpus=4), frac_node("s1", pool="sliced")) as s:
         state = await s.start_extender()
         assert await state.binder.advertise() == ["n1"]
-        node = s.fake.get("nodes", "", "n1")
+        node = s.obj("nodes", "", "n1")
         assert node["status"]["capacity"][GPU_MEMORY_RESOURCE] == str(4 * CARD_MIB)
         assert s.fake.writes[-1] == ("PATCH", "/api/v1/nodes/n1/status", {
             "status": {"capacity": {GPU_MEMORY_RESOURCE: "327680"}}})
-        assert GPU_MEMORY_RESOURCE not in s.fake.get("nodes", "", "s1")["status"]["capacity"]
+        assert GPU_MEMORY_RESOURCE not in s.obj("nodes", "", "s1")["status"]["capacity"]
         await until(lambda: state.kube.nodes["n1"]["status"]["capacity"].get(
             GPU_MEMORY_RESOURCE) == "327680", "watch saw it")
         assert await state.binder.advertise() == []  # idempotent
