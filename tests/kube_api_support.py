@@ -16,7 +16,7 @@ Protocol (https://kubernetes.io/docs/reference/using-api/api-concepts/):
 * discovery ``GET /apis/resource.k8s.io`` (an ``APIGroup``) lists
   :attr:`FakeApiServer.dra_versions`; the DRA collections are served under each of those
   versions (the same store: objects are handed on as stored) and 404 under the others;
-* object endpoints for pods, ConfigMaps and nodes (the extender's bind): ``POST`` a
+* object endpoints for pods, ConfigMaps, nodes and Leases (the extender's bind): ``POST`` a
   namespaced collection (create; 409 ``AlreadyExists``; ``generateName``), ``GET``,
   ``DELETE`` (deleting a pod also deletes the objects it owns, as the garbage collector
   does), ``PATCH`` with a JSON merge patch (RFC 7386) or a JSON patch (RFC 6902), ``PATCH
@@ -65,6 +65,8 @@ COLLECTIONS: dict[str, Collection] = {
     "/api/v1/pods": Collection("pods", "PodList", "v1", "Pod", True),
     "/api/v1/configmaps": Collection("configmaps", "ConfigMapList", "v1", "ConfigMap", True),
     "/api/v1/nodes": Collection("nodes", "NodeList", "v1", "Node", False),
+    "/apis/coordination.k8s.io/v1/leases": Collection(
+        "leases", "LeaseList", "coordination.k8s.io/v1", "Lease", True),
 }
 DRA_PREFIX = "/apis/resource.k8s.io/"
 DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
@@ -299,7 +301,8 @@ def json_patch(target: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, A
 
 
 _OBJECT_PATH = re.compile(
-    r"^/api/v1/(?:namespaces/(?P<ns>[^/]+)/)?(?P<resource>pods|configmaps|nodes)"
+    r"^/api(?:s/coordination\.k8s\.io)?/v1/(?:namespaces/(?P<ns>[^/]+)/)?"
+    r"(?P<resource>pods|configmaps|nodes|leases)"
     r"(?:/(?P<name>[^/]+)(?:/(?P<sub>binding|status))?)?$")
 
 

@@ -93,8 +93,13 @@ class BindConfig:
     service_account: str = "gpu-admission-reservation"
     housekeeping_seconds: float = 30.0  # period of cleanup and node advertising
     #: a reservation without pods is deleted only when older than this (s): longer than any
-    #: bind in flight, so a replica never deletes a GPU another one is handing out
+    #: bind in flight
     empty_grace_seconds: float = 120.0
+    #: "namespace/name" of kube-scheduler's leader-election Lease: housekeeping runs only on
+    #: the replica whose pod (env POD_NAME) holds it, so the replica that binds is the one
+    #: that deletes (kube-scheduler's identity is "<hostname>_<uuid>", hostname = pod name).
+    #: "": every replica (a single one)
+    leader_lease: str = ""
 
 
 class BindMetrics:
@@ -467,22 +472,28 @@ class Binder:
 
     async def release_empty(self, now: float | None = None) -> list[str]:
         """Delete reservation pods whose GPU no fractional pod uses (older than the grace
-        period, no bind in flight on them). Returns the names deleted."""
+        period, no bind in flight on them): closed in the ledger under the bind lock (no GPU
+        choice sees them open again), then deleted; a failed delete is retried on the next
+        round. Returns the names closed or retried."""
         state = self.state
         if not state.synced:
             return []
         now = time.time() if now is None else now
         grace = state.config.empty_grace_seconds
         deleted = []
-        async with self.lock:
-            empty = [e for e in state.ledger.empty_reservations()
-                     if e.name not in state.waiting and e.name not in state.ledger.opening]
+        async with self.lock:  # no GPU choice runs while we decide; closed ones stay closed
+            empty = []
+            for e in state.ledger.empty_reservations():
+                if e.name in state.waiting or e.name in state.ledger.opening:
+                    continue
+                created = state.created.get(e.name)
+                if now - (_epoch(e.created) if created is None else created) < grace:
+                    continue
+                state.ledger.close(e.name)
+                empty.append(e)
+            empty += [e for e in state.ledger.pods.values()  # deletes that failed before
+                      if e.reservation and e.name in state.ledger.closing and e not in empty]
         for entry in empty:
-            created = state.created.get(entry.name)
-            if created is None:
-                created = _epoch(entry.created)
-            if now - created < grace:
-                continue
             await self._quietly("DELETE", f"/api/v1/namespaces/{entry.namespace}/pods/"
                                           f"{entry.name}")
             state.created.pop(entry.name, None)
@@ -524,10 +535,25 @@ class Binder:
             patched.append(name)
         return patched
 
+    async def is_leader(self) -> bool:
+        """Whether this replica's kube-scheduler holds the lease (True when none is set)."""
+        lease = self.state.config.leader_lease
+        if not lease:
+            return True
+        namespace, _, name = lease.partition("/")
+        me = os.environ.get("POD_NAME", "")
+        try:
+            body = await self.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/"
+                                          f"{namespace}/leases/{name}")
+        except kube.KubeError:
+            return False
+        holder = str((body.get("spec") or {}).get("holderIdentity") or "")
+        return bool(me) and holder.startswith(f"{me}_")
+
     async def housekeeping(self) -> None:
         while True:
             try:
-                if self.state.synced:
+                if self.state.synced and await self.is_leader():
                     await self.advertise()
                     await self.release_empty()
             except Exception as exc:  # never let the loop die

@@ -103,18 +103,23 @@ def _prefix(ctx: click.Context | None, param: click.Parameter | None, value: str
               "in --namespace).")
 @click.option("--reservation-timeout", default="60s", show_default=True, callback=_duration,
               help="How long bind waits for a new reservation pod to publish its GPU UUID.")
+@click.option("--leader-lease", default="", metavar="NAMESPACE/NAME",
+              help="kube-scheduler's leader-election Lease: only the replica whose pod "
+                   "(env POD_NAME) holds it deletes empty reservation pods and advertises "
+                   "node memory. Default: every replica.")
 @click.option("--log-level", type=click.Choice(LEVELS), default="info", show_default=True)
 def extender(  # noqa: PLR0917 (click passes every option)
         policy_path: Path | None, prometheus: str, interval: float, window: str,
              stale_after: int, node_label: str, host: str, port: int, metrics_port: int,
              prefix: str, reload_interval: float, kube_source: str | None, namespace: str,
              reservation_image: str, reservation_service_account: str,
-             reservation_timeout: float, log_level: str) -> None:
+             reservation_timeout: float, leader_lease: str, log_level: str) -> None:
     """Serve the kube-scheduler extender (filter, prioritize; bind with --kube) until
     SIGTERM/SIGINT."""
     bind = BindConfig(namespace=namespace, image=reservation_image,
                       reservation_timeout_seconds=reservation_timeout,
-                      service_account=reservation_service_account)
+                      service_account=reservation_service_account,
+                      leader_lease=leader_lease)
     config = ExtenderConfig(prometheus_url=prometheus, interval_seconds=interval,
                             window=window, node_label=node_label,
                             stale_after_intervals=stale_after, policy_path=policy_path,

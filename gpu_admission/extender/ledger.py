@@ -228,6 +228,8 @@ class Ledger:
     assumed: dict[str, Assignment] = field(default_factory=dict)
     #: reservation pods bind created that the watch has not shown yet: name -> node
     opening: dict[str, str] = field(default_factory=dict)
+    #: reservation pods being deleted (empty): still holding their GPU, no longer open
+    closing: set[str] = field(default_factory=set)
     _by_node: dict[str, set[Key]] = field(default_factory=dict)
     _views: dict[str, NodeView] = field(default_factory=dict)
 
@@ -276,6 +278,8 @@ class Ledger:
         meta = pod.get("metadata") or {}
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         self._drop_pod(key)
+        if key[0] == self.reservation_namespace:
+            self.closing.discard(key[1])
         self._forget_assumed(str(meta.get("uid") or ""))
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
@@ -377,6 +381,8 @@ class Ledger:
             e = self.pods[key]
             if e.reservation:
                 reservations += 1
+                if e.name in self.closing:
+                    continue  # being deleted: holds its GPU, takes no new pod
                 gpu_id = e.gpu_uuid or OPENING_PREFIX + e.name
                 holders[gpu_id] = e.name
                 used.setdefault(gpu_id, [0, 0])
@@ -423,12 +429,19 @@ class Ledger:
                 out[node] = gpus
         return out
 
+    def close(self, reservation: str) -> None:
+        """Mark an empty reservation as being deleted: no GPU choice sees it open again."""
+        self.closing.add(reservation)
+        for e in self.pods.values():
+            if e.reservation and e.name == reservation:
+                self._views.pop(e.node, None)
+
     def empty_reservations(self) -> list[PodEntry]:
         """Reservation pods (seen by the watch) whose GPU no fractional pod uses and no bind
         is handing out: candidates for deletion."""
         out = []
         for e in self.pods.values():
-            if not e.reservation:
+            if not e.reservation or e.name in self.closing:
                 continue
             gpu_id = e.gpu_uuid or OPENING_PREFIX + e.name
             state = next((g for g in self.view(e.node).open if g.gpu_id == gpu_id), None)

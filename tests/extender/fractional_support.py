@@ -211,7 +211,8 @@ class Stack:
         for obj in objs:
             self.fake.apply(obj)
             meta = obj["metadata"]
-            resource = {"Pod": "pods", "Node": "nodes", "ConfigMap": "configmaps"}[obj["kind"]]
+            resource = {"Pod": "pods", "Node": "nodes", "ConfigMap": "configmaps",
+                        "Lease": "leases"}[obj["kind"]]
             out.append(self.obj(resource, meta.get("namespace", ""), meta["name"]))
         return out
 

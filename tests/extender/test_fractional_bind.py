@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -276,3 +277,38 @@ async def test_malformed_binding_args_get_400(tmp_path: Path, body: Any, error: 
                                   headers={"Content-Type": "application/json"}) as resp:
             assert resp.status == 400
             assert await resp.json() == {"error": error}
+
+
+async def test_housekeeping_runs_on_the_lease_holder_only(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    async with stack(tmp_path, frac_node("n1")) as s:
+        state = await s.start_extender()
+        binder = state.binder
+        object.__setattr__(binder.state, "config", replace(
+            binder.state.config, leader_lease=f"{NAMESPACE}/gpu-aware-scheduler"))
+        monkeypatch.setenv("POD_NAME", "gpu-aware-scheduler-7d9f-abcde")
+        assert await binder.is_leader() is False  # no Lease yet
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": "gpu-aware-scheduler", "namespace": NAMESPACE},
+                 "spec": {"holderIdentity": "gpu-aware-scheduler-7d9f-zzzzz_1234"}}
+        s.create(lease)
+        assert await binder.is_leader() is False  # the other replica holds it
+        lease["spec"]["holderIdentity"] = "gpu-aware-scheduler-7d9f-abcde_5678"
+        s.create(lease)
+        assert await binder.is_leader() is True
+
+
+async def test_an_empty_reservation_being_deleted_takes_no_new_pod(tmp_path: Path) -> None:
+    async with stack(tmp_path, frac_node("n1", gpus=2)) as s:
+        state = await s.start_extender()
+        a, b = s.create(frac_pod("a", 30000), frac_pod("b", 30000))
+        assert await s.post("bind", binding_args(a, "n1")) == {"Error": ""}
+        first = gpu_of(s.fake, a)
+        s.fake.delete(s.obj("pods", TENANT, "a"))
+        await until(lambda: state.kube.ledger.usage() == {"n1": {first or "": 0}}, "freed")
+        s.fake.failures[("DELETE", "/pods/gpu-admission-reserve-")] = 500  # deletion stalls
+        assert len(await state.binder.release_empty(now=time.time() + 3600)) == 1
+        assert len(reservations(s.fake)) == 1  # still there (the delete failed) ...
+        assert await s.post("bind", binding_args(b, "n1")) == {"Error": ""}
+        assert gpu_of(s.fake, b) != first  # ... but closed: b opened the other GPU
