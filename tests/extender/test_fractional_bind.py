@@ -289,13 +289,13 @@ async def test_housekeeping_runs_on_the_lease_holder_only(tmp_path: Path,
             binder.state.config, leader_lease=f"{NAMESPACE}/gpu-aware-scheduler"))
         monkeypatch.setenv("POD_NAME", "gpu-aware-scheduler-7d9f-abcde")
         assert await binder.is_leader() is False  # no Lease yet
-        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                 "metadata": {"name": "gpu-aware-scheduler", "namespace": NAMESPACE},
-                 "spec": {"holderIdentity": "gpu-aware-scheduler-7d9f-zzzzz_1234"}}
-        s.create(lease)
+        def lease(holder: str) -> dict[str, Any]:
+            return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": "gpu-aware-scheduler", "namespace": NAMESPACE},
+                    "spec": {"holderIdentity": holder}}
+        s.create(lease("gpu-aware-scheduler-7d9f-zzzzz_1234"))
         assert await binder.is_leader() is False  # the other replica holds it
-        lease["spec"]["holderIdentity"] = "gpu-aware-scheduler-7d9f-abcde_5678"
-        s.create(lease)
+        s.create(lease("gpu-aware-scheduler-7d9f-abcde_5678"))
         assert await binder.is_leader() is True
 
 
