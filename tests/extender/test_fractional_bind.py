@@ -312,3 +312,26 @@ async def test_an_empty_reservation_being_deleted_takes_no_new_pod(tmp_path: Pat
         assert len(reservations(s.fake)) == 1  # still there (the delete failed) ...
         assert await s.post("bind", binding_args(b, "n1")) == {"Error": ""}
         assert gpu_of(s.fake, b) != first  # ... but closed: b opened the other GPU
+
+
+async def test_readyz_and_metrics_report_the_ledger_and_binds(tmp_path: Path) -> None:
+    async with stack(tmp_path, frac_node("n1")) as s:
+        await s.start_extender(reservation_timeout=0.3)
+        pod, other = s.create(frac_pod("a", 20000), frac_pod("b", 20000))
+        assert await s.post("bind", binding_args(pod, "n1")) == {"Error": ""}
+        s.fake.failures[("POST", "/pods/b/binding")] = 500  # b packs onto a's GPU, then fails
+        assert (await s.post("bind", binding_args(other, "n1")))["Error"].startswith(
+            f"binding {TENANT}/b to n1: HTTP 500")
+        # the failed bind removed its ConfigMap: only a's is left
+        assert [k[1] for k in s.fake.objects["configmaps"]] == [
+            pod["metadata"]["annotations"][GPU_CONFIGMAP_ANNOTATION]]
+        base = s.url("bind").rsplit("/scheduler/", 1)[0]
+        async with s.session.get(f"{base}/readyz") as resp:
+            body = await resp.json()
+        assert body["ledger"] == {"synced": True, "open_gpus": 1}
+        async with s.session.get(f"{base}/metrics") as resp:
+            text = await resp.text()
+        assert 'gpu_admission_extender_binds_total{kind="fractional",result="bound"} 1.0' in text
+        assert 'gpu_admission_extender_binds_total{kind="fractional",result="error"} 1.0' in text
+        assert 'gpu_admission_extender_reservations_total{action="created"} 1.0' in text
+        assert "gpu_admission_extender_ledger_synced 1.0" in text
