@@ -45,6 +45,7 @@ from structlog.typing import FilteringBoundLogger
 from gpu_admission.extender.binder import BindConfig, Binder, BindMetrics, KubeState
 from gpu_admission.extender.fractional import (
     filter_fractional,
+    fractional_error,
     fractional_share,
     score_fractional,
 )
@@ -339,6 +340,10 @@ def decide(state: ExtenderState, verb: str, body: bytes) -> web.Response:
     share = fractional_share(args.pod)
     if share is not None and state.kube is not None and state.kube.synced:
         return decide_fractional(state, verb, args, share)
+    bad = fractional_error(args.pod)
+    if bad and verb == "filter":  # a broken fractional pod fits nowhere; the reason says why
+        return web.Response(body=encode_filter(args, FilterResult(
+            [], dict.fromkeys(args.names, bad))), content_type=JSON)
     demand = pod_demand(args.pod, policy)
     snapshot = state.poller.fresh_snapshot()
     neutral = neutral_reason(demand, snapshot)

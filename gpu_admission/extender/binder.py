@@ -46,6 +46,7 @@ from structlog.typing import FilteringBoundLogger
 from gpu_admission.extender.fractional import (
     NEW_GPU,
     choose,
+    fractional_error,
     fractional_share,
     no_fit_reason,
     node_pool,
@@ -298,6 +299,9 @@ class Binder:
         if uid and found != uid:
             raise BindError(f"pod {namespace}/{name} has UID {found}, not {uid}: it was "
                             f"replaced; not bound")
+        bad = fractional_error(pod)
+        if bad:
+            raise BindError(f"pod {namespace}/{name}: {bad}; not bound")
         return pod
 
     async def _post_binding(self, namespace: str, name: str, uid: str, node: str) -> None:

@@ -32,7 +32,7 @@ from gpu_admission.extender.placement import (
     to_extender_score,
 )
 from gpu_admission.policy.model import NodePool, Placement, Policy
-from gpu_admission.vocab import GPU_MEMORY_ANNOTATION
+from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_MEMORY_ANNOTATION
 
 NEW_GPU: Final = ""  # Choice.gpu_id of a GPU to open
 
@@ -43,6 +43,19 @@ def fractional_share(pod: Mapping[str, Any]) -> int | None:
         return None
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     return parse_mib(annotations.get(GPU_MEMORY_ANNOTATION))
+
+
+def fractional_error(pod: Mapping[str, Any]) -> str:
+    """Why a pod that names a GPU ConfigMap is not a valid fractional pod ("" when it is, or
+    when it names none): its share annotation must be a positive integer (MiB)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if not annotations.get(GPU_CONFIGMAP_ANNOTATION):
+        return ""
+    value = annotations.get(GPU_MEMORY_ANNOTATION)
+    if parse_mib(value) is None:
+        return (f"annotation {GPU_MEMORY_ANNOTATION}: expected a positive integer (MiB), got "
+                f"{value!r}")
+    return ""
 
 
 def node_pool(labels: Mapping[str, str] | None, policy: Policy) -> NodePool | None:

@@ -335,3 +335,20 @@ async def test_readyz_and_metrics_report_the_ledger_and_binds(tmp_path: Path) ->
         assert 'gpu_admission_extender_binds_total{kind="fractional",result="error"} 1.0' in text
         assert 'gpu_admission_extender_reservations_total{action="created"} 1.0' in text
         assert "gpu_admission_extender_ledger_synced 1.0" in text
+
+
+@pytest.mark.parametrize("value", ["12Gi", "0", "-5", ""], ids=["unit", "zero", "negative",
+                                                               "empty"])
+async def test_a_bad_share_annotation_is_refused_naming_it(tmp_path: Path, value: str) -> None:
+    async with stack(tmp_path, frac_node("n1")) as s:
+        await s.start_extender()
+        pod = frac_pod("bad", 1000)
+        pod["metadata"]["annotations"]["gpu-admission.io/gpu-memory"] = value
+        stored, = s.create(pod)
+        reason = (f"annotation gpu-admission.io/gpu-memory: expected a positive integer (MiB), "
+                  f"got {value!r}")
+        result = await s.post("filter", args_with_names(stored, ["n1"]))
+        assert (result["NodeNames"], result["FailedNodes"]) == ([], {"n1": reason})
+        assert await s.post("bind", binding_args(stored, "n1")) == {
+            "Error": f"pod {TENANT}/bad: {reason}; not bound"}
+        assert s.fake.writes == []
