@@ -56,6 +56,7 @@ from gpu_admission.extender.ledger import (
     OPENING_PREFIX,
     Assignment,
     Ledger,
+    NodeView,
     configmap_entry,
     device_value,
 )
@@ -344,6 +345,7 @@ class Binder:
                 state.created[opened] = time.time()
             state.ledger.assume(Assignment(namespace, name, uid, node, gpu_id, share))
         cm_created = False
+        uuid = ""
         try:
             if opened:
                 uuid = await self._open(opened, node, f"{namespace}/{name}")
@@ -359,8 +361,10 @@ class Binder:
             if cm_created:
                 await self._quietly("DELETE", f"/api/v1/namespaces/{namespace}/configmaps/"
                                               f"{cm_name}")
-            if opened:
+            if opened and not (uuid and _in_use(state.ledger.view(node), uuid)):
                 await self._close(opened)
+            # else: pods that joined the GPU this bind opened use it; it stays open and is
+            # released by housekeeping once empty
             raise
 
     async def image(self) -> str:
@@ -564,6 +568,11 @@ class Binder:
                 self.state.log.warning("housekeeping_failed",
                                        error=f"{type(exc).__name__}: {str(exc)[:200]}")
             await asyncio.sleep(self.state.config.housekeeping_seconds)
+
+
+def _in_use(view: NodeView, gpu_id: str) -> bool:
+    """Whether a GPU of the node has shares given out (bound pods or binds in flight)."""
+    return any(g.gpu_id == gpu_id and g.pods > 0 for g in view.open)
 
 
 def _epoch(timestamp: str) -> float:

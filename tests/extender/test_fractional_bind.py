@@ -352,3 +352,24 @@ async def test_a_bad_share_annotation_is_refused_naming_it(tmp_path: Path, value
         assert await s.post("bind", binding_args(stored, "n1")) == {
             "Error": f"pod {TENANT}/bad: {reason}; not bound"}
         assert s.fake.writes == []
+
+
+async def test_a_failed_opener_leaves_the_gpu_to_the_pods_that_joined_it(
+        tmp_path: Path) -> None:
+    """a opens a GPU, b joins it while it opens; a's binding fails: the reservation stays
+    (b uses the GPU), and a's ConfigMap is gone."""
+    async with stack(tmp_path, frac_node("n1", gpus=1)) as s:
+        state = await s.start_extender()
+        s.plugin.delay = 0.3  # b arrives while the GPU is opening
+        a, b = s.create(frac_pod("a", 20000), frac_pod("b", 20000))
+        s.fake.failures[("POST", "/pods/a/binding")] = 500
+        first = asyncio.create_task(s.post("bind", binding_args(a, "n1")))
+        await until(lambda: bool(reservations(s.fake)), "reservation created")
+        second = await s.post("bind", binding_args(b, "n1"))
+        assert second == {"Error": ""}
+        assert (await first)["Error"].startswith(f"binding {TENANT}/a to n1: HTTP 500")
+        reservation, = reservations(s.fake)
+        uuid = reservation["metadata"]["annotations"][GPU_UUID_ANNOTATION]
+        assert gpu_of(s.fake, b) == uuid
+        assert gpu_of(s.fake, a) is None
+        await until(lambda: state.kube.ledger.usage() == {"n1": {uuid: 20000}}, "b only")
