@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "report": "gpu_admission.report.cli:report",
     "compile": "gpu_admission.compile.cli:compile_command",
     "reclaim": "gpu_admission.reclaim.cli:reclaim",
+    "reserve": "gpu_admission.reserve:reserve",
 }
 
 

@@ -438,7 +438,8 @@ def check_scheduler_refs(docs: Docs, ns: str, tmp_path: Path) -> None:
     assert policy_of(docs, tmp_path).spec.scheduler_name in ("", profile["schedulerName"])
     lease = config["leaderElection"]
     assert lease["resourceNamespace"] == ns and lease["resourceName"] != "kube-scheduler"
-    role = component(docs, "Role", "scheduler")
+    (role,) = [d for d in docs if d["kind"] == "Role"
+               and d["metadata"]["name"] == f"{lease['resourceName']}-lease"]
     assert [r.get("resourceNames") for r in role["rules"]] == [None, [lease["resourceName"]]]
     sa = spec["serviceAccountName"]
     bound = [b for b in docs if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
@@ -446,12 +447,16 @@ def check_scheduler_refs(docs: Docs, ns: str, tmp_path: Path) -> None:
     assert {s["name"] for b in bound for s in b["subjects"]} == {sa}
     assert {b["roleRef"]["name"] for b in bound} == {
         "system:kube-scheduler", "system:volume-scheduler",
-        "extension-apiserver-authentication-reader", role["metadata"]["name"]}
+        "extension-apiserver-authentication-reader", role["metadata"]["name"],
+        # fractional GPU pools: the ledger and bind, reservation pods
+        f"{lease['resourceName']}-fractional", f"{lease['resourceName']}-reservations"}
     extenders = config.get("extenders", [])
     if "extender" not in containers:
         assert extenders == [] and "policy" not in volumes
         return
-    (ext,) = extenders
+    ext, frac = extenders
+    assert frac["urlPrefix"] == ext["urlPrefix"] and frac["bindVerb"] == "bind"
+    assert flag(containers["extender"]["args"], "--namespace") == ns  # reservation pods
     args = containers["extender"]["args"]
     assert args[0] == "extender"
     known_options(extender, args[1:])

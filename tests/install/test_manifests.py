@@ -154,7 +154,13 @@ SCHEDULER_OBJECTS = [
     "ClusterRoleBinding/gpu-aware-scheduler-as-volume-scheduler",
     f"RoleBinding/{SCHEDULER_AUTH_READER}", "Role/gpu-aware-scheduler-lease",
     "RoleBinding/gpu-aware-scheduler-lease", "Deployment/gpu-aware-scheduler",
-    "PodDisruptionBudget/gpu-aware-scheduler"]
+    "PodDisruptionBudget/gpu-aware-scheduler",
+    # fractional GPU pools: the extender's ledger and bind, reservation pods
+    "ClusterRole/gpu-aware-scheduler-fractional",
+    "ClusterRoleBinding/gpu-aware-scheduler-fractional",
+    "Role/gpu-aware-scheduler-reservations", "RoleBinding/gpu-aware-scheduler-reservations",
+    "ServiceAccount/gpu-admission-reservation", "Role/gpu-admission-reservation",
+    "RoleBinding/gpu-admission-reservation"]
 # gpu-admission reclaim (checked in tests/reclaim/test_reclaim_manifests.py)
 RECLAIM_OBJECTS = [
     "ServiceAccount/gpu-admission-reclaim", "ClusterRole/gpu-admission-reclaim",
@@ -611,7 +617,10 @@ def test_rbac_is_least_privilege() -> None:
     assert one(docs, "Deployment", "gpu-admission")["spec"]["template"]["spec"][
         "automountServiceAccountToken"] is True
     bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                # the scheduler's, the reservation pods' and reclaim's own: tests/extender,
+                # tests/reclaim
                 and not d["metadata"]["name"].startswith(("gpu-aware-scheduler",
+                                                          "gpu-admission-reservation",
                                                           "gpu-admission-reclaim"))]
     bound = {s["name"] for b in bindings for s in b["subjects"]}
     assert bound == {job_sa, server_sa}
