@@ -38,7 +38,7 @@ from gpu_admission.decision import Mode
 from gpu_admission.patch import escape
 from gpu_admission.policy.model import Policy
 from gpu_admission.rules import gpu_access
-from gpu_admission.vocab import MUTATED_ANNOTATION, NAMESPACE_OPT_IN_LABEL
+from gpu_admission.vocab import GPU_MEMORY_RESOURCE, MUTATED_ANNOTATION, NAMESPACE_OPT_IN_LABEL
 
 from .cel import lit, rec, var
 from .compiler import (
@@ -80,13 +80,15 @@ HELM_INCLUDES = {
 
 _GPU_NAMES = ("r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || "
               "r.startsWith('nvidia.com/mig-') || "
-              "r.startsWith('deviceclass.resource.kubernetes.io/')")
+              "r.startsWith('deviceclass.resource.kubernetes.io/') || "
+              f"r == '{GPU_MEMORY_RESOURCE}'")
 
 
 def gpu_or_dra_pod() -> str:
     """The split: a pod naming a GPU resource (``nvidia.com/gpu``, ``nvidia.com/gpu.shared``,
-    ``nvidia.com/mig-*``) or a DRA one (``deviceclass.resource.kubernetes.io/*``, any
-    ``spec.resourceClaims``) in a container or init container, whatever the quantity. A
+    ``nvidia.com/mig-*``, the fractional pools' ``gpu-admission.io/gpu-memory``) or a DRA one
+    (``deviceclass.resource.kubernetes.io/*``, any ``spec.resourceClaims``) in a container or
+    init container, whatever the quantity. A
     superset of the engine's GPU pods (a zero quantity goes to the webhook, which decides it
     as a non-GPU pod), so the guard half never sees a pod the engine treats as a GPU pod.
     Every access is guarded with ``has()`` (an error under ``Fail`` would refuse the pod)."""

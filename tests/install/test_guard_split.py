@@ -199,3 +199,12 @@ def test_guard_compiles_for_every_mode_combination() -> None:
     modes are data in the CEL), and the deny, warn and audit policies are always present."""
     kinds = [o["kind"] for o in compile_guard(default_policy()).objects]
     assert kinds.count("ValidatingAdmissionPolicy") == 3
+
+
+def test_fractional_pods_go_to_the_webhook() -> None:
+    """A fractional pool's pod requests gpu-admission.io/gpu-memory instead of nvidia.com/gpu
+    (vocab.GPU_MEMORY_RESOURCE): the webhook decides it, never the compiled guard."""
+    pod = make_pod(containers=[make_container(resource="gpu-admission.io/gpu-memory",
+                                              gpu="8000")])
+    assert cel_match(pod, "CREATE", "base") is True
+    assert guard_match(pod) is False

@@ -50,11 +50,11 @@ spec:
       !(has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/')))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))))))))
+            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))
   - name: not-exempt-user
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
@@ -184,11 +184,11 @@ spec:
       !(has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/')))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))))))))
+            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))
   - name: not-exempt-user
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
@@ -308,11 +308,11 @@ spec:
       !(has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/')))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))))))))
+            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))
   - name: not-exempt-user
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
@@ -507,11 +507,11 @@ spec:
       !(has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/')))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))))))))
+            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))
   - name: not-exempt-user
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
