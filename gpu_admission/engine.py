@@ -516,7 +516,8 @@ def _finish(meta: Mapping[str, Any], found: list[Violation], builder: PatchBuild
             summary = _annotation_value(existing, fields)
             if summary != existing:
                 ops.extend(builder.annotation_ops(MUTATED_ANNOTATION, summary))
-                fields.append("metadata.annotations")
+                if "metadata.annotations" not in fields:
+                    fields.append("metadata.annotations")
             patch = tuple(ops)
             changes = tuple(fields)
     return Decision(allowed=allowed, patch=patch, violations=violations, warnings=warnings,

@@ -27,6 +27,7 @@ admission policies ``gpu-admission compile`` emits (``gpu_admission.compile.offl
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,13 @@ def _read_documents(name: str) -> list[Any]:
     for doc in docs:
         out.extend(expand_lists(doc) if not isinstance(doc, list) else doc)
     return out
+
+
+def offline_uid(name: str, index: int, pointer: str) -> str:
+    """The request UID an offline evaluation uses (the API server sends a random UUID):
+    stable per file, document and template, so the output is reproducible. It names a
+    fractional pod's ConfigMap (``gpu-admission-gpu-<uid>``, README "Fractional GPUs")."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-admission-evaluate:{name}#{index}{pointer}"))
 
 
 def _result(name: str, index: int, obj: dict[str, Any], tpl: PodTemplate,
@@ -217,7 +225,8 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
         for tpl in templates:
             facts = RequestFacts(namespace=tpl.pod["metadata"]["namespace"], operation=operation,
                                  user=user, groups=tuple(groups),
-                                 stage="validate" if stage == "validate" else "mutate")
+                                 stage="validate" if stage == "validate" else "mutate",
+                                 uid=offline_uid(name, index, tpl.pointer))
             if compiled_policy is not None and not dra.is_claim(tpl):
                 decision = compiled_policy.decide(tpl.pod, facts, dra.snapshot_for(tpl))
             else:
