@@ -179,9 +179,15 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
         raise InputError(f"policy: {exc}") from None
     compiled_policy = None
     if compiled:
+        from gpu_admission.compile.compiler import (  # noqa: PLC0415 - lazy
+            FractionalPoolsNeedWebhook,
+        )
         from gpu_admission.compile.offline import CompiledEvaluator  # noqa: PLC0415 - lazy
 
-        compiled_policy = CompiledEvaluator(policy)
+        try:
+            compiled_policy = CompiledEvaluator(policy)
+        except FractionalPoolsNeedWebhook as exc:
+            raise InputError(f"--compiled: {exc}") from None
         for rule in compiled_policy.stays:
             click.echo(f"compiled: rule {rule} stays with the webhook (its pods are decided "
                        "by the engine)", err=True)
