@@ -63,9 +63,16 @@ _UNIT_MIB: Final = {"": 1.0, "k": 1 / 1024, "m": 1.0, "g": 1024.0, "t": 1024.0 *
 
 
 def format_fraction(value: float) -> str:
-    """Round *down* to 3 decimals so the written share never exceeds the allowed one."""
-    floored = math.floor(value * 1000 + 1e-9) / 1000
-    return f"{floored:.3f}".rstrip("0").rstrip(".")
+    """Round *down* to 3 decimals so the written share never exceeds the allowed one; a
+    positive share under 0.001 (a small fractional share of a large card) gets as many
+    decimals as it takes not to become 0 (0 would deny the pod's own value)."""
+    decimals = 3
+    while True:
+        scale = 10 ** decimals
+        floored = math.floor(value * scale + 1e-9) / scale
+        if floored > 0 or value <= 0 or decimals >= 12:
+            return f"{floored:.{decimals}f}".rstrip("0").rstrip(".")
+        decimals += 1
 
 
 def _int_ok(limit: int) -> Callable[[str], bool | None]:
