@@ -296,10 +296,9 @@ def plan(pod: Mapping[str, Any], containers: Sequence[tuple[str, Mapping[str, An
     raw = annotations.get(GPU_MEMORY_ANNOTATION)
     resource = requested_share_mib(pod)
     explicit = raw is not None or resource is not None
-    if not explicit:
-        if (workload == "training" or mig or dra or gpus != 1 or pool is None
-                or not pool.fractional):
-            return NOT_FRACTIONAL
+    if not explicit and (workload == "training" or mig or dra or gpus != 1 or pool is None
+                         or not pool.fractional):
+        return NOT_FRACTIONAL
     problems: list[Problem] = []
     asked: int | None = None
     source = ""

@@ -127,8 +127,8 @@ class PatchBuilder:
                      self._node_selector)
         if self._requirements or self._alternatives:
             self._affinity_ops(out, spec)
-        for (kind, index, section), resources in self._resources.items():
-            _resource_ops(out, kind, index, section, spec, resources)
+        for place, resources in self._resources.items():
+            _resource_ops(out, place, spec, resources)
         for (kind, index), wanted in self._env.items():
             _env_ops(out, kind, index, spec, wanted)
         if self._annotations:
@@ -243,10 +243,12 @@ def _map_ops(out: list[Op], pointer: str, current: Mapping[str, Any] | None,
             out.append({"op": "add", "path": f"{pointer}/{escape(key)}", "value": value})
 
 
-def _resource_ops(out: list[Op], kind: str, index: int, section: str, spec: Mapping[str, Any],
+def _resource_ops(out: list[Op], place: tuple[str, int, str], spec: Mapping[str, Any],
                   wanted: Mapping[str, str | None]) -> None:
-    """Set or remove entries of one container's ``resources.<section>`` map; quantities are
-    compared by value (the API server stores ``16000`` as ``16k``)."""
+    """Set or remove entries of one container's ``resources.<section>`` map (``place``:
+    kind, index, section); quantities are compared by value (the API server stores
+    ``16000`` as ``16k``)."""
+    kind, index, section = place
     containers = spec.get(kind)
     container = containers[index] if isinstance(containers, Sequence) else {}
     resources = _mapping(container.get("resources")) if isinstance(container, dict) else None

@@ -245,7 +245,7 @@ def test_table_and_csv_show_the_json_figures(env: Env) -> None:
     # the fractional estimate, next to the time-sliced one, in every format
     f = s["fractional"]
     assert by_scope["fractionalEstimate"] == [{
-        **{k: "" for k in rows[0]}, "scope": "fractionalEstimate",
+        **dict.fromkeys(rows[0], ""), "scope": "fractionalEstimate",
         "gpusNeeded": str(f["gpusNeeded"]), "utilizationPercent": str(f["utilizationPercent"])}]
     assert f"after, fractional (estimate) {f['gpusNeeded']} {f['utilizationPercent']}" in lines
     assert "fractional method: " + f["method"] in table.stdout.splitlines()
