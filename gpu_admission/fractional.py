@@ -96,7 +96,7 @@ def visible_devices_env(name: str) -> dict[str, Any]:
 
 def is_visible_devices_ref(entry: Any, name: str) -> bool:
     """Exactly :func:`visible_devices_env` of ``name`` (no literal value, nothing else)."""
-    return entry == visible_devices_env(name)
+    return bool(entry == visible_devices_env(name))
 
 
 def visible_devices_value(gpu_uuid: str, device_list_strategy: str) -> str:

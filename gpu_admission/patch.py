@@ -306,7 +306,8 @@ def _env_ops(out: list[Op], kind: str, index: int, spec: Mapping[str, Any],
 def _env_entry(name: str, value: str | dict[str, Any]) -> dict[str, Any]:
     if isinstance(value, str):
         return {"name": name, "value": value}
-    return _deep_copy(value)
+    entry: dict[str, Any] = _deep_copy(value)
+    return entry
 
 
 def _deep_copy(value: Any) -> Any:

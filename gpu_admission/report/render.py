@@ -88,6 +88,9 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: set[i
 
 def render_table(doc: dict[str, Any]) -> str:
     rng, fleet, s, st = doc["range"], doc["fleet"], doc["sharingEstimate"], doc["settings"]
+    f = s.get("fractional")  # the fractional estimate (gpu_admission.report.sharing)
+    fractional_rows = ([["after, fractional (estimate)", f["gpusNeeded"],
+                         f["utilizationPercent"]]] if f is not None else [])
     parts = [
         f"GPU usage {rng['start']} .. {rng['end']} (step {rng['step']}); working hours "
         f"{st['workingHours']} {st['tz']}; idle = under {fmt(st['idleBelowPercent'])} % SM "
@@ -121,8 +124,7 @@ def render_table(doc: dict[str, Any]) -> str:
         _table(["", "gpus", "utilization %"],
                [["before (held)", s["gpusBefore"], s["utilizationPercentBefore"]],
                 ["after (estimate)", s["gpusNeeded"], s["utilizationPercent"]],
-                *([["after, fractional (estimate)", f["gpusNeeded"], f["utilizationPercent"]]]
-                  if (f := s.get("fractional")) is not None else [])], {1, 2}),
+                *fractional_rows], {1, 2}),
         "method: " + s["method"],
         *(["fractional method: " + f["method"]] if f is not None else []),
     ]
