@@ -56,17 +56,15 @@ from gpu_admission.vocab import (
 )
 
 MAX_WARNING = 120
-# nvidia.com/gpu, its .shared slice, and a fractional GPU's memory share (MiB; the webhook
-# writes it in place of nvidia.com/gpu, gpu_admission.fractional)
-_FULL_GPU_RESOURCES = frozenset({GPU_RESOURCE, GPU_RESOURCE + SHARED_SUFFIX,
-                                 GPU_MEMORY_RESOURCE})
+_FULL_GPU_RESOURCES = frozenset({GPU_RESOURCE, GPU_RESOURCE + SHARED_SUFFIX})
 _EMPTY: Mapping[str, Any] = {}
 _ALLOWED = Decision(allowed=True)
 
 
 def is_gpu_resource(name: str) -> bool:
-    """``nvidia.com/gpu``, ``nvidia.com/gpu.shared``, ``nvidia.com/mig-<g>g.<N>gb[.shared]``,
-    and ``gpu-admission.io/gpu-memory`` (a fractional GPU)."""
+    """``nvidia.com/gpu``, ``nvidia.com/gpu.shared``, ``nvidia.com/mig-<g>g.<N>gb[.shared]``.
+    (A fractional GPU's ``gpu-admission.io/gpu-memory`` counts only under a policy with a
+    fractional pool: :func:`gpu_containers`.)"""
     return name in _FULL_GPU_RESOURCES or name.startswith(MIG_RESOURCE_PREFIX)
 
 
@@ -76,7 +74,17 @@ def _zero(quantity: Any) -> bool:
     return quantity == 0 or (isinstance(quantity, str) and quantity.strip() in {"0", ""})
 
 
-def _gpu_resources(container: Mapping[str, Any]) -> dict[str, Any] | None:
+def has_fractional_pools(policy: Policy) -> bool:
+    """Whether the policy has a ``sharing: fractional`` pool. Without one, fractional GPUs
+    do not exist for the engine: ``gpu-admission.io/gpu-memory`` (annotation or resource)
+    means nothing, exactly as for the compiled policies, which refuse fractional pools."""
+    for pool in policy.compiled.pools:
+        if pool.sharing == "fractional":
+            return True
+    return False
+
+
+def _gpu_resources(container: Mapping[str, Any], fractional: bool) -> dict[str, Any] | None:
     resources = container.get("resources")
     if not isinstance(resources, dict):
         return None
@@ -89,15 +97,18 @@ def _gpu_resources(container: Mapping[str, Any]) -> dict[str, Any] | None:
             for name, quantity in values.items():
                 # is_gpu_resource, inlined: this loop sees every resource of every container
                 if ((name in _FULL_GPU_RESOURCES or (name.__class__ is str and name.startswith(
-                        MIG_RESOURCE_PREFIX))) and not _zero(quantity)):
+                        MIG_RESOURCE_PREFIX)) or (fractional and name == GPU_MEMORY_RESOURCE))
+                        and not _zero(quantity)):
                     if found is None:
                         found = {}
                     found[name] = quantity
     return found
 
 
-def gpu_containers(spec: Mapping[str, Any]) -> list[GpuContainer]:
-    """Containers and init containers that request or limit a GPU resource.
+def gpu_containers(spec: Mapping[str, Any], fractional: bool = False) -> list[GpuContainer]:
+    """Containers and init containers that request or limit a GPU resource; with
+    ``fractional`` (the policy has a fractional pool, :func:`has_fractional_pools`) also
+    ``gpu-admission.io/gpu-memory``, a fractional GPU's share.
 
     Ephemeral containers cannot have resources (Kubernetes API: "Resources are not allowed
     for ephemeral containers") and are ignored.
@@ -110,7 +121,7 @@ def gpu_containers(spec: Mapping[str, Any]) -> list[GpuContainer]:
         for index, container in enumerate(items):
             if not isinstance(container, dict):
                 continue
-            found = _gpu_resources(container)
+            found = _gpu_resources(container, fractional)
             if found:
                 shared = mig = False
                 for name in found:
@@ -321,7 +332,7 @@ def analyse_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod | None:
     spec = pod.get("spec") if isinstance(pod, dict) else None
     if not isinstance(spec, dict):
         return None
-    gcs = gpu_containers(spec)
+    gcs = gpu_containers(spec, has_fractional_pools(policy))
     if not gcs:
         return None
     compiled = policy.compiled
@@ -339,7 +350,7 @@ def analyse_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod | None:
     pool = _find_pool(compiled, node_selector, routed, terms_in) if compiled.pools else None
     mig = any(gc.mig for gc in gcs) or (pool is not None and pool.sharing == "mig")
     plan = _fraction_plan(pod, meta, gcs, workload=workload, mig=mig, dra=False, pool=pool,
-                          policy=policy, uid="")
+                          policy=policy, uid="") if has_fractional_pools(policy) else NOT_FRACTIONAL
     return GpuPod(tuple(gcs), workload, pool, mig, plan.fraction)
 
 
@@ -381,7 +392,8 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return _ALLOWED
-    gcs = gpu_containers(spec)
+    fractional = has_fractional_pools(policy)
+    gcs = gpu_containers(spec, fractional)
     compiled = policy.compiled
     meta = pod.get("metadata")
     meta = meta if isinstance(meta, dict) else _EMPTY
@@ -414,7 +426,7 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     mig = any(gc.mig for gc in gcs) or (pool is not None and pool.sharing == "mig")
     plan = _fraction_plan(pod, meta, gcs, workload=workload, mig=mig,
                           dra=any(gc.dra is not None for gc in gcs), pool=pool, policy=policy,
-                          uid=facts.uid)
+                          uid=facts.uid) if fractional else NOT_FRACTIONAL
     shared = _shared_reasons(gcs, node_selector, terms_in, pool, plan)
     if dra_pod is not None:
         shared.extend((r.path, r.why) for r in dra_pod.reasons)

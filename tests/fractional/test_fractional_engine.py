@@ -17,6 +17,7 @@ from gpu_admission.engine import analyse_gpu_pod, evaluate
 from gpu_admission.fractional import requested_share_mib
 from gpu_admission.policy.model import PolicyError, policy_from_yaml
 from tests.builders import make_container, make_pod
+from tests.compile_support import check
 from tests.fractional.support import (
     CM,
     POLICY_FILE,
@@ -228,19 +229,23 @@ def test_bad_input_is_denied_naming_the_field(pod: dict[str, Any],
     assert [(v.rule, v.path, v.message) for v in decision.violations] == expected
 
 
-def test_explicit_ask_without_any_fractional_pool_is_denied() -> None:
-    pol = policy_from_yaml(_policy_text(**{"spec.nodePools.0.sharing": "none"}))
-    decision = decide(vllm_pod(annotations={"gpu-admission.io/gpu-memory": "4096"}), pol=pol)
-    assert [(v.rule, v.message) for v in decision.violations] == [
-        (LIMIT, "pool l40s-frac-cuda124 is sharing none; a GPU fraction needs a pool with "
-         "sharing: fractional")]
-    pod = make_pod("x", namespace="ml-serving", annotations={"gpu-admission.io/gpu-memory": "1"},
-                   containers=[make_container("x", "busybox")])
-    assert [(v.rule, v.message) for v in decide(pod, pol=pol).violations] == [
-        ("cuda-version-unknown", "CUDA version unknown; set label "
-         "gpu-admission.io/cuda-version; not routed to a CUDA pool"),
-        (LIMIT, "the policy has no pool with sharing: fractional, so no node can give a GPU "
-         "fraction")]
+@pytest.mark.parametrize("pod", [
+    make_pod("ask", namespace="ml-serving", annotations={"gpu-admission.io/gpu-memory": "4096"},
+             containers=[make_container("m", VLLM)]),
+    make_pod("bad-ask", namespace="ml-serving", annotations={"gpu-admission.io/gpu-memory": "x"},
+             containers=[make_container("m", VLLM)]),
+    make_pod("resource", namespace="ml-serving", containers=[make_container(
+        "m", VLLM, resource="gpu-admission.io/gpu-memory", gpu=4096)]),
+    vllm_pod(),
+], ids=["annotation", "bad-annotation", "resource-only", "plain"])
+@pytest.mark.parametrize("stage", ["mutate", "validate"])
+def test_without_fractional_pools_nothing_is_fractional(pod: dict[str, Any], stage: str) -> None:
+    """A policy without fractional pools: the annotation and the resource mean nothing, and
+    the engine decides exactly as the compiled policies (which refuse fractional pools)."""
+    facts = RequestFacts("ml-serving", uid=UID, stage=stage)  # type: ignore[arg-type]
+    decision, _ = check("default", pod, facts)
+    assert "gpu-configmap" not in str(decision.patch)
+    assert not any(v.rule == "memory-limit" for v in decision.violations)
 
 
 def test_policy_without_scheduler_cannot_serve_fractions() -> None:

@@ -7,10 +7,12 @@ from typing import Any
 import pytest
 
 from gpu_admission.fractional import (
+    Problem,
     configmap_name,
     hami_limit_bytes,
     is_configmap_name,
     parse_share_mib,
+    plan,
     pool_share_mib,
     quantity_value,
     recorded_configmap,
@@ -18,7 +20,7 @@ from gpu_admission.fractional import (
     requested_share_mib,
     visible_devices_value,
 )
-from gpu_admission.policy.model import NodePool
+from gpu_admission.policy.model import NodePool, default_policy
 from tests.builders import make_container, make_pod
 from tests.fractional.support import policy
 
@@ -91,3 +93,15 @@ def test_pool_share(replicas: int, memory: int, share: int) -> None:
                                     "sharing": "fractional", "replicasPerGPU": replicas,
                                     "memoryMiB": memory})
     assert pool_share_mib(pool, policy()) == share
+
+
+def test_plan_without_any_fractional_pool_names_the_reason() -> None:
+    """Called directly (the engine skips policies without fractional pools)."""
+    pod = make_pod(annotations={"gpu-admission.io/gpu-memory": "4096"})
+    result = plan(pod, [("spec.containers[0]", pod["spec"]["containers"][0])], gpus=1,
+                  workload="inference", mig=False, dra=False, pool=None,
+                  policy=default_policy())
+    assert (result.fraction, result.explicit) == (None, True)
+    assert result.problems == (Problem(
+        "metadata.annotations[gpu-admission.io/gpu-memory]",
+        "the policy has no pool with sharing: fractional, so no node can give a GPU fraction"),)
