@@ -127,6 +127,8 @@ def quantity_value(quantity: Any) -> int | None:
         return quantity
     if not isinstance(quantity, str):
         return None
+    if quantity.isdigit() and quantity.isascii():  # the common case, as the webhook writes it
+        return int(quantity)
     match = _QUANTITY.match(quantity.strip())
     if match is None:
         return None
