@@ -127,7 +127,7 @@ def quantity_value(quantity: Any) -> int | None:
         return quantity
     if not isinstance(quantity, str):
         return None
-    if quantity.isdigit() and quantity.isascii():  # the common case, as the webhook writes it
+    if len(quantity) <= 18 and quantity.isdigit() and quantity.isascii():  # the common case
         return int(quantity)
     match = _QUANTITY.match(quantity.strip())
     if match is None:
