@@ -245,6 +245,14 @@ def _resource(container: Any, name: str) -> int | None:
     return None
 
 
+def _names_resource(container: Mapping[str, Any]) -> bool:
+    """The container names :data:`~gpu_admission.vocab.GPU_MEMORY_RESOURCE` at all."""
+    resources = container.get("resources")
+    return isinstance(resources, dict) and any(
+        isinstance(resources.get(section), dict) and GPU_MEMORY_RESOURCE in resources[section]
+        for section in ("limits", "requests"))
+
+
 def _own_limit(container: Mapping[str, Any]) -> int | None:
     """The container's own literal ``NVIDIA_MEM_LIMIT_MB`` (last entry), when a positive int."""
     env = container.get("env")
@@ -252,8 +260,8 @@ def _own_limit(container: Mapping[str, Any]) -> int | None:
     for entry in env if isinstance(env, list) else ():
         if isinstance(entry, dict) and entry.get("name") == NVIDIA_MEM_LIMIT_MB:
             value = entry.get("value")
-            found = (int(value) if isinstance(value, str) and value.strip().isdigit()
-                     and int(value) > 0 else None)
+            text = value.strip() if isinstance(value, str) else ""
+            found = int(text) if _MIB_TEXT.match(text) and int(text) > 0 else None
     return found
 
 
@@ -297,7 +305,8 @@ def plan(pod: Mapping[str, Any], containers: Sequence[tuple[str, Mapping[str, An
     annotations = annotations_of(pod)
     raw = annotations.get(GPU_MEMORY_ANNOTATION)
     resource = requested_share_mib(pod)
-    explicit = raw is not None or resource is not None
+    has_resource = any(_names_resource(c) for _, c in containers)
+    explicit = raw is not None or resource is not None or has_resource
     if not explicit and (workload == "training" or mig or dra or gpus != 1 or pool is None
                          or not pool.fractional):
         return NOT_FRACTIONAL
@@ -310,8 +319,8 @@ def plan(pod: Mapping[str, Any], containers: Sequence[tuple[str, Mapping[str, An
             source = f"annotation {GPU_MEMORY_ANNOTATION}"
         except ValueError as exc:
             problems.append(Problem(ANNOTATION_PATH, str(exc)))
-    elif resource is not None:
-        if resource > 0:
+    elif resource is not None or has_resource:
+        if resource is not None and resource > 0:
             asked, source = resource, f"resource {GPU_MEMORY_RESOURCE}"
         else:
             problems.append(Problem(_resource_path(containers),

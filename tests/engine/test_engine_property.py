@@ -391,7 +391,8 @@ def test_builder_matches_reference(pod: dict[str, Any], decl: dict[str, Any]) ->
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False)
     | st.sampled_from(["", "0", "1", "12.1", "nvidia.com/gpu", "time-slicing", "In", "Gt",
-                       "training", "PyTorchJob", "gpu-admission.io/cuda-version"]),
+                       "training", "PyTorchJob", "gpu-admission.io/cuda-version",
+                       "4096", "16k", "9" * 5000, GPU_MEMORY]),
     lambda children: st.lists(children, max_size=3)
     | st.dictionaries(st.sampled_from(["name", "value", "valueFrom", "key", "operator",
                                        "values", "kind", "limits", "requests",
@@ -401,7 +402,9 @@ json_values = st.recursive(
 SPOTS = [("metadata", "labels"), ("metadata", "annotations"), ("metadata", "ownerReferences"),
          ("spec", "nodeSelector"), ("spec", "affinity"), ("spec", "schedulerName"),
          ("spec", "initContainers"), ("spec", "nodeName"), ("c", "env"), ("c", "resources"),
-         ("c", "image"), ("limits", "nvidia.com/gpu"), ("spec", "containers")]
+         ("c", "image"), ("limits", "nvidia.com/gpu"), ("spec", "containers"),
+         # fractional GPUs: the ask, the resource, a forged reference
+         ("annotations", GPU_MEMORY), ("annotations", GPU_CONFIGMAP), ("limits", GPU_MEMORY)]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -413,11 +416,13 @@ def test_garbage_never_raises(spots: list[tuple[tuple[str, str], Any]], policy_i
     limits: dict[str, Any] = {"nvidia.com/gpu": 1}
     container: dict[str, Any] = {"name": "c", "image": "nvidia/cuda:12.1.1-base-ubuntu22.04",
                                  "resources": {"limits": limits}}
+    annotations: dict[str, Any] = {}
     pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod",
-                           "metadata": {"name": "p", "namespace": "team-a"},
+                           "metadata": {"name": "p", "namespace": "team-a",
+                                        "annotations": annotations},
                            "spec": {"containers": [container]}}
     targets = {"metadata": pod["metadata"], "spec": pod["spec"], "c": container,
-               "limits": limits}
+               "limits": limits, "annotations": annotations}
     for (where, key), value in spots:
         targets[where][key] = value
     before = copy.deepcopy(pod)

@@ -333,3 +333,18 @@ def test_higher_own_memory_limit_than_the_share_is_denied() -> None:
     assert [(v.rule, v.message) for v in decision.violations] == [
         ("memory-limit", "NVIDIA_MEM_LIMIT_MB='8000' exceeds the GPU memory allowed on a shared "
          "GPU (annotation gpu-admission.io/gpu-memory): must be <= 4096 (MiB)")]
+
+
+@pytest.mark.parametrize(("where", "value"), [
+    ("env", "9" * 5000), ("annotation", "9" * 5000), ("resource", "9" * 5000),
+    ("annotation", "٤٠٩٦"),  # Arabic-Indic digits: str.isdigit() but not an ASCII count
+], ids=["env-huge", "annotation-huge", "resource-huge", "annotation-unicode-digits"])
+def test_hostile_numbers_are_refused_not_raised(where: str, value: str) -> None:
+    env = [{"name": "NVIDIA_MEM_LIMIT_MB", "value": value}] if where == "env" else None
+    container = make_container("vllm", VLLM, env=env)
+    if where == "resource":
+        container["resources"]["limits"]["gpu-admission.io/gpu-memory"] = value
+    annotations = {"gpu-admission.io/gpu-memory": value} if where == "annotation" else None
+    decision = decide(vllm_pod(containers=[container], annotations=annotations))
+    assert not decision.allowed
+    assert {v.rule for v in decision.violations} == {"memory-limit"}
