@@ -78,10 +78,7 @@ def has_fractional_pools(policy: Policy) -> bool:
     """Whether the policy has a ``sharing: fractional`` pool. Without one, fractional GPUs
     do not exist for the engine: ``gpu-admission.io/gpu-memory`` (annotation or resource)
     means nothing, exactly as for the compiled policies, which refuse fractional pools."""
-    for pool in policy.compiled.pools:
-        if pool.sharing == "fractional":
-            return True
-    return False
+    return any(pool.sharing == "fractional" for pool in policy.compiled.pools)
 
 
 def _gpu_resources(container: Mapping[str, Any], fractional: bool) -> dict[str, Any] | None:
