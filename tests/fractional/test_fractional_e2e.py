@@ -11,6 +11,7 @@ user-set ``NVIDIA_VISIBLE_DEVICES`` (value or ``valueFrom``) is refused.
 from __future__ import annotations
 
 import base64
+import copy
 import subprocess
 import sys
 import uuid
@@ -26,6 +27,7 @@ import yaml
 
 from gpu_admission.evaluate_cli import offline_uid
 from tests.builders import make_container, make_review
+from tests.fractional.test_fractional_engine import BAD_INPUT, BAD_INPUT_IDS
 from tests.fractional.support import (
     CM,
     POLICY_FILE,
@@ -193,3 +195,22 @@ def test_evaluate_refuses_a_user_configmap_reference(tmp_path: Path) -> None:
     (result,) = (orjson.loads(line) for line in proc.stdout.splitlines())
     assert [(v["rule"], v["path"]) for v in result["violations"]] == [
         ("gpu-visible-devices", "spec.containers[0].env[0]")]
+
+
+def test_evaluate_denies_the_bad_input_table_naming_the_field(tmp_path: Path) -> None:
+    """The engine test's bad-input table, through ``evaluate`` in one subprocess."""
+    manifests = tmp_path / "bad.yaml"
+    pods = [copy.deepcopy(pod) for pod, _ in BAD_INPUT]
+    for i, pod in enumerate(pods):
+        pod["metadata"]["name"] = f"bad-{i}"
+    manifests.write_text(yaml.safe_dump_all(pods))
+    proc = subprocess.run([sys.executable, "-m", "gpu_admission", "evaluate", "-f",
+                           str(manifests), "--policy", str(POLICY_FILE), "-o", "json"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1, proc.stderr
+    results = [orjson.loads(line) for line in proc.stdout.splitlines()]
+    assert len(results) == len(BAD_INPUT)
+    for ident, result, (_, expected) in zip(BAD_INPUT_IDS, results, BAD_INPUT, strict=True):
+        assert (result["allowed"], result["patch"]) == (False, []), ident
+        assert [(v["rule"], v["path"], v["message"])
+                for v in result["violations"]] == expected, ident

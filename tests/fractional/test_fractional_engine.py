@@ -172,7 +172,7 @@ LIMIT = "memory-limit"
 ANN = "metadata.annotations[gpu-admission.io/gpu-memory]"
 
 
-@pytest.mark.parametrize(("pod", "expected"), [
+BAD_INPUT: list[tuple[dict[str, Any], list[tuple[str, str, str]]]] = [
     (vllm_pod(annotations={"gpu-admission.io/gpu-memory": "lots"}),
      [(LIMIT, ANN, 'expected a positive integer count of MiB as a string, e.g. "4096", '
        "got 'lots'")]),
@@ -219,9 +219,14 @@ ANN = "metadata.annotations[gpu-admission.io/gpu-memory]"
       ("gpu-visible-devices", "spec.schedulerName",
        "a fractional GPU pod must use scheduler 'gpu-aware-scheduler' (its bind chooses the "
        "GPU), not 'my-scheduler'")]),
-], ids=["unparsable", "zero", "negative", "quantity-suffix", "larger-than-the-card",
-        "fraction-and-two-gpus", "fraction-and-mig", "time-sliced-pool", "training",
-        "node-name-preset", "foreign-scheduler"])
+
+]
+BAD_INPUT_IDS = ["unparsable", "zero", "negative", "quantity-suffix", "larger-than-the-card",
+                 "fraction-and-two-gpus", "fraction-and-mig", "time-sliced-pool", "training",
+                 "node-name-preset", "foreign-scheduler"]
+
+
+@pytest.mark.parametrize(("pod", "expected"), BAD_INPUT, ids=BAD_INPUT_IDS)
 def test_bad_input_is_denied_naming_the_field(pod: dict[str, Any],
                                               expected: list[tuple[str, str, str]]) -> None:
     decision = decide(pod)
