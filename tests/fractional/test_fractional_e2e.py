@@ -27,8 +27,9 @@ import yaml
 
 from gpu_admission.evaluate_cli import offline_uid
 from tests.builders import make_container, make_review
-from tests.fractional.test_fractional_engine import BAD_INPUT, BAD_INPUT_IDS
 from tests.fractional.support import (
+    BAD_INPUT,
+    BAD_INPUT_IDS,
     CM,
     POLICY_FILE,
     SHARE,

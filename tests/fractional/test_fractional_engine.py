@@ -19,6 +19,8 @@ from gpu_admission.policy.model import PolicyError, policy_from_yaml
 from tests.builders import make_container, make_pod
 from tests.compile_support import check
 from tests.fractional.support import (
+    BAD_INPUT,
+    BAD_INPUT_IDS,
     CM,
     POLICY_FILE,
     SHARE,
@@ -166,64 +168,6 @@ def _policy_text(**changes: Any) -> str:
         else:
             node[last] = value
     return yaml.safe_dump(doc)
-
-
-LIMIT = "memory-limit"
-ANN = "metadata.annotations[gpu-admission.io/gpu-memory]"
-
-
-BAD_INPUT: list[tuple[dict[str, Any], list[tuple[str, str, str]]]] = [
-    (vllm_pod(annotations={"gpu-admission.io/gpu-memory": "lots"}),
-     [(LIMIT, ANN, 'expected a positive integer count of MiB as a string, e.g. "4096", '
-       "got 'lots'")]),
-    (vllm_pod(annotations={"gpu-admission.io/gpu-memory": "0"}),
-     [(LIMIT, ANN, "expected a positive integer count of MiB, got '0'")]),
-    (vllm_pod(annotations={"gpu-admission.io/gpu-memory": "-4096"}),
-     [(LIMIT, ANN, 'expected a positive integer count of MiB as a string, e.g. "4096", '
-       "got '-4096'")]),
-    (vllm_pod(annotations={"gpu-admission.io/gpu-memory": "4Gi"}),
-     [(LIMIT, ANN, 'expected a positive integer count of MiB as a string, e.g. "4096", '
-       "got '4Gi'")]),
-    (vllm_pod(annotations={"gpu-admission.io/gpu-memory": "46068"}),
-     [(LIMIT, ANN, "a share of 46068 MiB does not fit one GPU of pool l40s-frac-cuda124: at "
-       "most memoryMiB 46068 - spec.placement.memoryHeadroomMiB 1024 = 45044 MiB")]),
-    (vllm_pod(annotations={"gpu-admission.io/gpu-memory": "4096"},
-              containers=[make_container("vllm", VLLM, gpu=2)]),
-     [(LIMIT, ANN, "a GPU fraction is a share of one GPU, but the pod asks for 2 GPUs; ask "
-       "for one GPU or remove the annotation")]),
-    (vllm_pod(annotations={"gpu-admission.io/gpu-memory": "4096"},
-              containers=[make_container("vllm", VLLM, resource="nvidia.com/mig-1g.10gb")]),
-     [(LIMIT, ANN, "a GPU fraction cannot be combined with MIG; remove the annotation or the "
-       "MIG resource")]),
-    (vllm_pod(annotations={"gpu-admission.io/gpu-memory": "4096"},
-              node_selector={"gpu-admission.io/cuda-version": "12.1"},
-              labels={"gpu-admission.io/cuda-version": "12.1"}),
-     [(LIMIT, ANN, "pool a100-ts-cuda121 is sharing time-slicing; a GPU fraction needs a pool "
-       "with sharing: fractional")]),
-    (make_pod("t", namespace="ml-serving", labels={"gpu-admission.io/workload": "training"},
-              annotations={"gpu-admission.io/gpu-memory": "4096"},
-              node_selector={"gpu-admission.io/cuda-version": "12.4"},
-              containers=[make_container("t", VLLM)]),
-     [("no-training-on-shared-gpu", ANN,
-       "training pod targets a time-sliced GPU (a GPU fraction (gpu-admission.io/gpu-memory)); "
-       "time-slicing makes each training job ~3x slower. Request nvidia.com/gpu on a dedicated "
-       "node pool (sharing none) or MIG, or label the pod gpu-admission.io/workload=inference "
-       "if it only serves")]),
-    (vllm_pod(nodeName="node-7"),
-     [("gpu-visible-devices", "spec.nodeName",
-       "a fractional GPU pod must be bound by the GPU-aware scheduler, which chooses its GPU; "
-       "remove spec.nodeName (use a nodeSelector)")]),
-    (vllm_pod(scheduler_name="my-scheduler"),
-     [("scheduler-name", "spec.schedulerName",
-       "keeps scheduler 'my-scheduler', not 'gpu-aware-scheduler' (GPU packing off)"),
-      ("gpu-visible-devices", "spec.schedulerName",
-       "a fractional GPU pod must use scheduler 'gpu-aware-scheduler' (its bind chooses the "
-       "GPU), not 'my-scheduler'")]),
-
-]
-BAD_INPUT_IDS = ["unparsable", "zero", "negative", "quantity-suffix", "larger-than-the-card",
-                 "fraction-and-two-gpus", "fraction-and-mig", "time-sliced-pool", "training",
-                 "node-name-preset", "foreign-scheduler"]
 
 
 @pytest.mark.parametrize(("pod", "expected"), BAD_INPUT, ids=BAD_INPUT_IDS)
