@@ -297,3 +297,16 @@ def test_hostile_numbers_are_refused_not_raised(where: str, value: str) -> None:
     decision = decide(vllm_pod(containers=[container], annotations=annotations))
     assert not decision.allowed
     assert {v.rule for v in decision.violations} == {"memory-limit"}
+
+
+def test_update_of_a_bound_fractional_pod_is_allowed() -> None:
+    """After bind the pod has spec.nodeName; UPDATEs (labels, finalizers) are not re-judged
+    for the bind bypass (only CREATE can choose how a pod gets its GPU)."""
+    pod = vllm_pod()
+    out = patched(pod, decide(pod))
+    out["spec"]["nodeName"] = "node-3"
+    out["metadata"]["labels"] = {"new": "label"}
+    for stage in ("mutate", "validate"):
+        decision = evaluate(out, RequestFacts("ml-serving", operation="UPDATE", uid="u",
+                                              stage=stage), policy())  # type: ignore[arg-type]
+        assert (decision.allowed, decision.patch, decision.violations) == (True, (), ()), stage
