@@ -149,6 +149,9 @@ class MemoryLimit:
 
     def __init__(self) -> None:
         self._memo: dict[tuple[int, int, int], tuple[object, object, Wanted, str]] = {}
+        # fractional pods: (id(limits), share MiB, card MiB, source, hamiCore) -> wanted
+        self._fractional_memo: dict[tuple[int, int, int, str, bool],
+                                    tuple[object, Wanted, str]] = {}
 
     def check(self, ctx: Context) -> None:
         if ctx.fraction is not None:
@@ -176,12 +179,19 @@ class MemoryLimit:
         """A fractional pod: the variables sized to its share, HAMi-core's cap if on."""
         limits = ctx.policy.spec.memory_limits
         mib = fraction.share_mib
-        wanted, source = _wanted(ctx.pool, limits, 0,
-                                 share=(mib, fraction.fraction, fraction.source))
         hami = ctx.policy.spec.placement.hami_core
-        if hami:
-            wanted.append((HAMI_MEMORY_LIMIT, hami_limit_text(mib), _hami_ok(mib),
-                           f"<= {hami_limit_text(mib)}"))
+        key = (id(limits), mib, fraction.card_mib, fraction.source, hami)
+        memo = self._fractional_memo.get(key)
+        if memo is None or memo[0] is not limits:
+            if len(self._fractional_memo) >= self._MEMO_MAX:
+                self._fractional_memo.clear()
+            wanted, source = _wanted(ctx.pool, limits, 0,
+                                     share=(mib, fraction.fraction, fraction.source))
+            if hami:
+                wanted.append((HAMI_MEMORY_LIMIT, hami_limit_text(mib), _hami_ok(mib),
+                               f"<= {hami_limit_text(mib)}"))
+            memo = self._fractional_memo[key] = (limits, wanted, source)
+        wanted, source = memo[1], memo[2]
         for gc in ctx.gpu_containers:
             if gc.mig or gc.dra is not None:
                 continue
