@@ -308,5 +308,5 @@ def test_update_of_a_bound_fractional_pod_is_allowed() -> None:
     out["metadata"]["labels"] = {"new": "label"}
     for stage in ("mutate", "validate"):
         decision = evaluate(out, RequestFacts("ml-serving", operation="UPDATE", uid="u",
-                                              stage=stage), policy())  # type: ignore[arg-type]
+                                              stage=stage), policy())
         assert (decision.allowed, decision.patch, decision.violations) == (True, (), ()), stage
