@@ -37,6 +37,8 @@ class RequestFacts:
     #: On a ``pods/ephemeralcontainers`` UPDATE: the names of the ephemeral containers the pod
     #: already had (``request.oldObject``); they are immutable, only the others are judged.
     existing_ephemeral: frozenset[str] = frozenset()
+    # AdmissionReview request.uid: names a fractional pod's ConfigMap (gpu_admission.fractional)
+    uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)

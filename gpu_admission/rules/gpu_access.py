@@ -30,6 +30,9 @@ no GPU                      ``void`` or ``none`` (exact)        nothing
 no GPU                      any other value, or ``valueFrom``   ``gpu-visible-devices``
 GPU                         present at all                      ``gpu-visible-devices`` (the
                                                                 device plugin picks the GPU)
+GPU, fractional pod         exactly the webhook's               nothing (the extender's bind
+                            ``configMapKeyRef`` to the pod's    writes that ConfigMap)
+                            recorded ConfigMap
 any (pod level)             ``hostPath.path`` matches           ``gpu-device-hostpath``
                             :data:`DEVICE_PATH_PATTERN`
 =========================== ================================== ==============================
@@ -60,6 +63,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
 from gpu_admission.decision import Mode, Violation
+from gpu_admission.fractional import is_visible_devices_ref
 from gpu_admission.patch import PatchBuilder
 from gpu_admission.rules.base import Context
 
@@ -118,12 +122,19 @@ EPHEMERAL_SUBRESOURCE: Final = "ephemeralcontainers"
 def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Mapping[str, Mode],
           patch: PatchBuilder | None, out: list[Violation], *,
           kinds: tuple[str, ...] = POD_KINDS, existing: AbstractSet[str] = frozenset(),
-          volumes: bool = True) -> None:
+          volumes: bool = True, fractional_configmap: str | None = None) -> None:
     """Apply the guard to one pod spec: append violations to ``out``, declare the ``void``
     upserts on ``patch`` (None: validate stage). ``gpu`` holds ``(kind, index)`` of the GPU
     containers. The engine calls this for every Pod CREATE that is not exempt, and with
     ``kinds=(EPHEMERAL_KIND,)``, ``existing`` (names already in the pod, left alone: they are
-    immutable) and ``volumes=False`` for a ``pods/ephemeralcontainers`` UPDATE."""
+    immutable) and ``volumes=False`` for a ``pods/ephemeralcontainers`` UPDATE.
+
+    ``fractional_configmap``: the pod is fractional (:mod:`gpu_admission.fractional`) and
+    its GPU comes from this ConfigMap; a GPU container whose variable is exactly the
+    webhook's own reference to it (:func:`~gpu_admission.fractional.is_visible_devices_ref`)
+    passes, so that the webhook run on its own output changes and refuses nothing. Any other
+    value or ``valueFrom`` (another ConfigMap or key, ``optional: true``, a Secret, a
+    fieldRef) stays refused."""
     isolation = modes[ISOLATION]
     for kind in kinds:
         items = spec.get(kind)
@@ -138,7 +149,9 @@ def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Map
                     continue
             found = _last_entry(container.get("env"))
             if (kind, index) in gpu:
-                if found is not None:
+                if found is not None and not (
+                        fractional_configmap is not None
+                        and is_visible_devices_ref(found[1], fractional_configmap)):
                     out.append(Violation(
                         VISIBLE_DEVICES, f"spec.{kind}[{index}].env[{found[0]}]",
                         f"{ENV} is set in a container that requests a GPU; the device plugin "
@@ -191,4 +204,6 @@ class GpuAccess:
         if ctx.facts.operation != "CREATE":
             return
         gpu = {(gc.kind, gc.index) for gc in ctx.gpu_containers}
-        guard(ctx.spec, gpu, ctx.compiled.modes, ctx.patch, ctx.violations)
+        fraction = ctx.fraction
+        guard(ctx.spec, gpu, ctx.compiled.modes, ctx.patch, ctx.violations,
+              fractional_configmap=fraction.configmap if fraction is not None else None)

@@ -92,7 +92,8 @@ class Review:
                                      if isinstance(c, dict) and isinstance(c.get("name"), str))
         return RequestFacts(namespace=namespace, operation=self.operation, user=self.user,
                             groups=self.groups, dry_run=self.dry_run, stage=stage,
-                            sub_resource=self.sub_resource, existing_ephemeral=existing)
+                            uid=self.uid, sub_resource=self.sub_resource,
+                            existing_ephemeral=existing)
 
 
 def _type_name(value: object) -> str:
