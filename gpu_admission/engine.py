@@ -114,7 +114,8 @@ def gpu_containers(spec: Mapping[str, Any]) -> list[GpuContainer]:
 
 def _classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
               compiled: Compiled, default: str) -> tuple[str, str, str | None]:
-    """(class, reason, invalid label value) -- label, then training owner/labels, notebook."""
+    """(class, reason, invalid label value) -- label, then training owner/labels, notebook,
+    then a batch/v1 Job owner (``spec.classification.batchJobWorkload``), then the default."""
     bad: str | None = None
     value = labels.get(WORKLOAD_LABEL)
     if value is not None:
@@ -133,6 +134,13 @@ def _classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
     for key in compiled.notebook_labels:
         if key in labels:
             return "notebook", f"label {key}", bad
+    if compiled.batch_job_workload is not None and isinstance(owners, list):
+        for ref in owners:
+            if (isinstance(ref, dict) and ref.get("kind") == "Job"
+                    and ref.get("apiVersion") == "batch/v1"):
+                return (compiled.batch_job_workload,
+                        f"owner Job/{ref.get('name', '')} (classification.batchJobWorkload)",
+                        bad)
     return default, "default", bad
 
 

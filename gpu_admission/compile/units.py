@@ -179,6 +179,13 @@ def analysis(policy: Policy, prog: Program) -> None:
              (by_prefix, '"training"', f'"label " + {first_prefix}')]
     chain += [(f"{lit(key)} in {labels}", '"notebook"', lit(f"label {key}"))
               for key in compiled.notebook_labels]
+    if compiled.batch_job_workload is not None:  # engine._classify: a batch/v1 Job owner
+        is_job = 'r.kind == "Job" && r.apiVersion == "batch/v1"'
+        first_job = f"{owners}.filter(r, {is_job})[0]"
+        chain.append((f"has({owners}) && {owners}.exists(r, {is_job})",
+                      lit(compiled.batch_job_workload),
+                      f'"owner Job/" + (has({first_job}.name) ? {first_job}.name : "") + '
+                      f'{lit(" (classification.batchJobWorkload)")}'))
     default = spec.classification.default_workload
     workload = reason = ""
     for cond, value, why in reversed(chain):
