@@ -439,7 +439,8 @@ def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mappi
                         exempt=exempt)
     training = workload == "training"
     mode = compiled.modes[DRA_UNKNOWN] if training else compiled.dra_unknown_other
-    violations = [Violation(DRA_UNKNOWN, path, unknown_message(what, training), mode)
+    violations = [Violation(DRA_UNKNOWN, path,
+                            unknown_message(what, training, offline=dra_pod.offline), mode)
                   for path, what in dra_pod.unresolved]
     builder = PatchBuilder(pod) if facts.stage == "mutate" and facts.operation == "CREATE" \
         else None

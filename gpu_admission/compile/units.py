@@ -334,10 +334,16 @@ def _cuda_analysis(policy: Policy, prog: Program) -> None:
     prog.add("imgTf", f"{rng}.map(i, {tf})",
              'data/ngc-cuda.yaml tensorflow_gpu ("none": a -gpu tag the table lacks)')
     cu_re = "'(^|[-_.+])cu[0-9]{2,3}($|[-_.+])'"
-    digits = f"{tag}.find({cu_re}).find('[0-9]+')"
-    cu = (f"{tag}.matches({cu_re}) ? string(int({digits}.substring(0, size({digits}) - 1))) "
-          f'+ "." + string(int({digits}.substring(size({digits}) - 1))) : ""')
-    prog.add("imgCu", f"{rng}.map(i, {cu})", "a cu<XY>/cu<XYZ> tag token (cu121 = 12.1)")
+
+    def cu_of(text: str) -> str:
+        digits = f"{text}.find({cu_re}).find('[0-9]+')"
+        return (f"{text}.matches({cu_re}) ? "
+                f"string(int({digits}.substring(0, size({digits}) - 1))) "
+                f'+ "." + string(int({digits}.substring(size({digits}) - 1))) : ""')
+
+    prog.add("imgCu", f"{rng}.map(i, {cu_of(tag)})", "a cu<XY>/cu<XYZ> tag token (cu121 = 12.1)")
+    prog.add("imgNameCu", f"{rng}.map(i, {cu_of(container)})",
+             "a cu<XY>/cu<XYZ> token in the image name's last component (cuda._name_token)")
     cuda_re = "'(^|[-_.+])cuda-?[0-9]{1,2}\\\\.[0-9]{1,2}($|[-_.+]|\\\\.[0-9])'"
     found = f"{tag}.find({cuda_re}).find('[0-9]{{1,2}}\\\\.[0-9]{{1,2}}')"
     prog.add("imgCudaToken", f'{rng}.map(i, {tag}.matches({cuda_re}) ? '
@@ -348,14 +354,16 @@ def _cuda_analysis(policy: Policy, prog: Program) -> None:
     pt_found = f"{tag}.find('-cuda[0-9]+\\\\.[0-9]+(-|$)').find('[0-9]+\\\\.[0-9]+')"
     pytorch = (f"{tag}.matches('-cuda[0-9]{{1,9}}\\\\.[0-9]{{1,9}}(-|$)') ? "
                f'{norm_version(pt_found)} : ""')
-    builtin = (f'{tag} == "" ? ""\n'
+    name_cu = f'{var("imgNameCu")}[i]'
+    builtin = (f'{tag} == "" ? {name_cu}\n'
                f'  : {repo} == "nvidia/cuda" || {repo}.endsWith("/nvidia/cuda") ? ({nv_cuda})\n'
                f'  : {repo} == "pytorch/pytorch" ? ({pytorch})\n'
                f'  : {var("imgNgc")}[i] != "" ? {var("imgNgc")}[i]\n'
                f'  : {var("imgTf")}[i] != "" ? ({var("imgTf")}[i] == "none" ? "" : '
                f'{var("imgTf")}[i])\n'
                f'  : {var("imgCu")}[i] != "" ? {var("imgCu")}[i]\n'
-               f'  : {var("imgCudaToken")}[i]')
+               f'  : {var("imgCudaToken")}[i] != "" ? {var("imgCudaToken")}[i]\n'
+               f'  : {name_cu}')
     prog.add("imgBuiltin", f"{rng}.map(i, {builtin})",
              "cuda.cuda_from_image: nvidia/cuda, pytorch/pytorch, NGC, tensorflow, cu/cuda tokens")
     prog.add("imgCuda", f'{rng}.map(i, {var("imgImage")}[i] == "" ? ""\n'
