@@ -37,6 +37,10 @@ from gpu_admission.rules import RULES, Context, GpuContainer
 from gpu_admission.rules.dra import UNKNOWN as DRA_UNKNOWN
 from gpu_admission.rules.dra import unknown_message
 from gpu_admission.rules.gpu_access import guard
+from gpu_admission.rules.other_systems import RULE as OTHER_RULE
+from gpu_admission.rules.other_systems import undeclared_message
+from gpu_admission.sharing_systems import HAMI_RESOURCES, KAI_ANNOTATIONS, OtherGpu
+from gpu_admission.sharing_systems import analyse as analyse_other
 from gpu_admission.vocab import (
     CUDA_VERSION_LABEL,
     GFD_PRODUCT,
@@ -363,10 +367,14 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
                if needs_analysis(spec, dra) else None)
     if dra_pod is not None:
         gcs = _with_dra(gcs, dra_pod, spec)
+    other = (analyse_other(pod, spec, compiled.other_systems)
+             if _maybe_other(meta, spec) else None)
+    if other is not None:
+        gcs = _with_other(gcs, other, spec)
     if not gcs:
         if dra_pod is not None and dra_pod.unresolved:
             return _dra_unresolved(pod, spec, meta, facts=facts, policy=policy, dra_pod=dra_pod)
-        return _non_gpu(pod, spec, meta, facts, compiled)
+        return _non_gpu(pod, spec, meta, facts, compiled, other)
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
     workload, workload_reason, bad_label = _classify(
@@ -388,6 +396,11 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     shared = _shared_reasons(gcs, node_selector, terms_in, pool)
     if dra_pod is not None:
         shared.extend((r.path, r.why) for r in dra_pod.reasons)
+    if other is not None:
+        if pool is not None:  # the card's memory is known: the shares in MiB and fraction
+            other = analyse_other(pod, spec, compiled.other_systems, pool.memory_mib)
+            gcs = _with_other(gcs, other, spec)
+        shared.extend((oc.path, oc.why) for oc in other.containers if oc.shared)
     mutate = facts.stage == "mutate" and facts.operation == "CREATE"
     ctx = Context(
         pod=pod, spec=spec, facts=facts, policy=policy, compiled=compiled,
@@ -397,13 +410,48 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
         cuda_label_invalid=cuda_invalid, node_selector=node_selector,
         required_terms=terms, pool=pool, shared_reasons=shared,
         mig=any(gc.mig for gc in gcs) or (pool is not None and pool.sharing == "mig"),
-        dra=dra_pod,
+        dra=dra_pod, other=other,
     )
     for rule in RULES:
         rule.check(ctx)
     return _finish(meta, ctx.violations, ctx.patch, gpu=True, workload=workload,
                    workload_reason=workload_reason, cuda_version=cuda_version,
                    cuda_source=cuda_source)
+
+
+def _maybe_other(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    """Cheap test: KAI's annotations, or a HAMi resource in some container's limits."""
+    annotations = meta.get("annotations")
+    if annotations.__class__ is dict and any(k in annotations for k in KAI_ANNOTATIONS):
+        return True
+    for kind in ("containers", "initContainers"):
+        items = spec.get(kind)
+        if items.__class__ is not list:
+            continue
+        for container in items:
+            resources = container.get("resources") if container.__class__ is dict else None
+            if resources.__class__ is dict:
+                for key in ("limits", "requests"):
+                    values = resources.get(key)
+                    if values.__class__ is dict and any(r in values for r in HAMI_RESOURCES):
+                        return True
+    return False
+
+
+def _with_other(gcs: list[GpuContainer], other: OtherGpu,
+                spec: Mapping[str, Any]) -> list[GpuContainer]:
+    """The GPU containers plus those a declared other sharing system serves; every container
+    the other system serves carries its share (``gc.other``) so memory variables are capped."""
+    by_place = {(gc.kind, gc.index): gc for gc in gcs}
+    for oc in other.containers:
+        gc = by_place.get((oc.kind, oc.index))
+        if gc is None:
+            if not other.declared:
+                continue  # not a GPU container: the guard voids it, the rule says why
+            gc = by_place[oc.kind, oc.index] = GpuContainer(
+                oc.kind, oc.index, spec[oc.kind][oc.index], {}, shared=False, mig=False)
+        gc.other = oc
+    return sorted(by_place.values(), key=lambda gc: (gc.kind != "containers", gc.index))
 
 
 def _with_dra(gcs: list[GpuContainer], dra_pod: DraPod,
@@ -456,8 +504,11 @@ def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mappi
 
 
 def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any],
-             facts: RequestFacts, compiled: Compiled) -> Decision:
-    """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt."""
+             facts: RequestFacts, compiled: Compiled, other: OtherGpu | None = None
+             ) -> Decision:
+    """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt;
+    plus rule ``other-sharing-system`` when it asks an undeclared system for a GPU (it is
+    voided like any pod without a GPU, never silently)."""
     if facts.operation != "CREATE":
         return _ALLOWED
     exempt = _exemption(facts, compiled)
@@ -465,6 +516,11 @@ def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str,
         return Decision(allowed=True, exempt=exempt)
     builder = PatchBuilder(pod) if facts.stage == "mutate" else None
     violations: list[Violation] = []
+    if other is not None and not other.declared:
+        first = other.containers[0] if other.containers else None
+        path, why = (first.path, first.why) if first is not None else other.problems[0]
+        violations.append(Violation(OTHER_RULE, path, undeclared_message(other.system, why),
+                                    compiled.modes[OTHER_RULE]))
     guard(spec, frozenset(), compiled.modes, builder, violations)
     return _finish(meta, violations, builder, gpu=False)
 

@@ -73,6 +73,7 @@ RULE_IDS: tuple[str, ...] = (
     "gpu-device-hostpath",
     "dra-reference-unknown",
     "dra-sharing-possible",
+    "other-sharing-system",
 )
 
 _CUDA_RE = re.compile(r"^\d{1,3}\.\d{1,3}$")
@@ -411,6 +412,9 @@ class RuleModes(_Model):
     # that may still land on a shared device.
     dra_reference_unknown: Mode = Field(default=Mode.ENFORCE, alias="dra-reference-unknown")
     dra_sharing_possible: Mode = Field(default=Mode.WARN, alias="dra-sharing-possible")
+    # A pod asks KAI-Scheduler or HAMi for its GPU and the policy does not declare that
+    # system in spec.otherSharingSystems (or the request is malformed).
+    other_sharing_system: Mode = Field(default=Mode.ENFORCE, alias="other-sharing-system")
 
     def as_map(self) -> dict[str, Mode]:
         return {rule: getattr(self, rule.replace("-", "_")) for rule in RULE_IDS}

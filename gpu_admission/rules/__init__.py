@@ -12,6 +12,7 @@ from gpu_admission.rules.cuda_routing import CudaRouting
 from gpu_admission.rules.dra import DraRules
 from gpu_admission.rules.gpu_access import GpuAccess
 from gpu_admission.rules.memory import MemoryLimit
+from gpu_admission.rules.other_systems import OtherSharingSystems
 from gpu_admission.rules.scheduler import SchedulerName
 from gpu_admission.rules.training import NoTrainingOnSharedGpu
 from gpu_admission.rules.workload_label import WorkloadLabel
@@ -24,6 +25,7 @@ RULES: tuple[Rule, ...] = (
     MemoryLimit(),
     GpuAccess(),
     DraRules(),
+    OtherSharingSystems(),
 )
 
 __all__ = ["RULES", "Context", "GpuContainer", "Rule"]

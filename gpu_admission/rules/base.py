@@ -17,6 +17,7 @@ from gpu_admission.decision import Mode, RequestFacts, Violation
 from gpu_admission.dra.analysis import DraContainer, DraPod
 from gpu_admission.patch import PatchBuilder
 from gpu_admission.policy.model import Compiled, NodePool, Policy
+from gpu_admission.sharing_systems import OtherContainer, OtherGpu
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class GpuContainer:
     shared: bool  # a ".shared" resource (time-slicing/MPS with renameByDefault)
     mig: bool  # a nvidia.com/mig-* resource (or, through DRA, only MIG slices)
     dra: DraContainer | None = None  # set when (also) given a GPU through DRA (docs/dra.md)
+    other: OtherContainer | None = None  # set when another sharing system serves it (KAI, HAMi)
 
     @property
     def path(self) -> str:
@@ -72,6 +74,7 @@ class Context:
     mig: bool
     violations: list[Violation] = field(default_factory=list)
     dra: DraPod | None = None  # the DRA view of the pod, when it names claims or DRA resources
+    other: OtherGpu | None = None  # another sharing system's view (spec.otherSharingSystems)
 
     def violate(self, rule: str, path: str, message: str) -> None:
         """Record a violation of ``rule`` in the mode the policy sets for it."""

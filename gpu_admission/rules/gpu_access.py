@@ -59,6 +59,7 @@ from typing import Any, Final
 from gpu_admission.decision import Mode, Violation
 from gpu_admission.patch import PatchBuilder
 from gpu_admission.rules.base import Context
+from gpu_admission.sharing_systems import KAI
 
 ISOLATION: Final = "gpu-access-isolation"
 VISIBLE_DEVICES: Final = "gpu-visible-devices"
@@ -88,7 +89,7 @@ def is_device_path(path: str) -> bool:
     return 0 < len(path) <= PATH_MAX and _DEVICE_PATH.fullmatch(path) is not None
 
 
-def _last_entry(env: Any) -> tuple[int, Mapping[str, Any]] | None:
+def last_entry(env: Any) -> tuple[int, Mapping[str, Any]] | None:
     """The last ``NVIDIA_VISIBLE_DEVICES`` entry of an env list and its index (the search
     itself is ``list.__contains__``, so long env lists cost one comprehension)."""
     if env.__class__ is not list or not env:
@@ -104,10 +105,13 @@ def _last_entry(env: Any) -> tuple[int, Mapping[str, Any]] | None:
 
 
 def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Mapping[str, Mode],
-          patch: PatchBuilder | None, out: list[Violation]) -> None:
+          patch: PatchBuilder | None, out: list[Violation],
+          others: AbstractSet[tuple[str, int]] = frozenset()) -> None:
     """Apply the guard to one pod spec: append violations to ``out``, declare the ``void``
     upserts on ``patch`` (None: validate stage). ``gpu`` holds ``(kind, index)`` of the GPU
-    containers. The engine calls this for every Pod CREATE that is not exempt."""
+    containers. ``others``: GPU containers whose ``NVIDIA_VISIBLE_DEVICES`` a declared other
+    sharing system writes (KAI), judged by rule ``other-sharing-system`` instead. The engine
+    calls this for every Pod CREATE that is not exempt."""
     isolation = modes[ISOLATION]
     for kind in ("containers", "initContainers"):
         items = spec.get(kind)
@@ -116,9 +120,9 @@ def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Map
         for index, container in enumerate(items):
             if container.__class__ is not dict:
                 continue
-            found = _last_entry(container.get("env"))
+            found = last_entry(container.get("env"))
             if (kind, index) in gpu:
-                if found is not None:
+                if found is not None and (kind, index) not in others:
                     out.append(Violation(
                         VISIBLE_DEVICES, f"spec.{kind}[{index}].env[{found[0]}]",
                         f"{ENV} is set in a container that requests a GPU; the device plugin "
@@ -171,4 +175,6 @@ class GpuAccess:
         if ctx.facts.operation != "CREATE":
             return
         gpu = {(gc.kind, gc.index) for gc in ctx.gpu_containers}
-        guard(ctx.spec, gpu, ctx.compiled.modes, ctx.patch, ctx.violations)
+        others = (ctx.other.places if ctx.other is not None and ctx.other.declared
+                  and ctx.other.system == KAI else frozenset())
+        guard(ctx.spec, gpu, ctx.compiled.modes, ctx.patch, ctx.violations, others)

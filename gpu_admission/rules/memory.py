@@ -37,6 +37,7 @@ from typing import Any, Final
 
 from gpu_admission.policy.model import MemoryLimits, NodePool
 from gpu_admission.rules.base import Context, GpuContainer
+from gpu_admission.sharing_systems import OtherContainer
 
 LIMIT: Final = "memory-limit"
 UNVERIFIABLE: Final = "memory-limit-unverifiable"
@@ -143,6 +144,10 @@ class MemoryLimit:
         for gc in ctx.gpu_containers:
             if gc.mig or gc.dra is not None:  # DRA containers: gpu_admission.rules.dra
                 continue
+            if gc.other is not None:  # another sharing system's share caps ours
+                wanted, source = other_wanted(pool, limits, gc.other)
+                self._container(ctx, gc, wanted, source)
+                continue
             devices = gc.gpu_count if mps else 0  # only the MPS value depends on the count
             key = (id(pool), id(limits), devices)
             memo = self._memo.get(key)
@@ -190,6 +195,23 @@ class MemoryLimit:
                     continue
             if ctx.patch is not None:
                 ctx.patch.upsert_env(gc.kind, gc.index, name, value)
+
+
+def other_wanted(pool: NodePool | None, limits: MemoryLimits,
+                 other: OtherContainer) -> tuple[Wanted, str]:
+    """The variables for a container whose share another sharing system grants (KAI, HAMi;
+    :mod:`gpu_admission.sharing_systems`): exactly that share, never more, and a variable
+    whose value is not known (the MiB of a fraction on an unknown card) is not written."""
+    source = other.why
+    wanted, _ = _wanted(pool, limits, 0,
+                        (other.memory_mib or 0, other.fraction or 0.0, source))
+    skip = set()
+    if other.memory_mib is None:
+        skip.add(NVIDIA_MEM_LIMIT_MB)
+    if other.fraction is None:
+        skip.update((GPU_MEMORY_FRACTION, XLA_CLIENT_MEM_FRACTION,
+                     XLA_PYTHON_CLIENT_MEM_FRACTION))
+    return [w for w in wanted if w[0] not in skip], source
 
 
 def _wanted(pool: NodePool | None, limits: MemoryLimits, devices: int,
