@@ -39,7 +39,12 @@ from gpu_admission.rules.dra import unknown_message
 from gpu_admission.rules.gpu_access import guard
 from gpu_admission.rules.other_systems import RULE as OTHER_RULE
 from gpu_admission.rules.other_systems import undeclared_message
-from gpu_admission.sharing_systems import HAMI_RESOURCES, KAI_ANNOTATIONS, OtherGpu
+from gpu_admission.sharing_systems import (
+    HAMI_RESOURCES,
+    KAI_ANNOTATIONS,
+    SYSTEM_NAMES,
+    OtherGpu,
+)
 from gpu_admission.sharing_systems import analyse as analyse_other
 from gpu_admission.vocab import (
     CUDA_VERSION_LABEL,
@@ -396,7 +401,7 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     shared = _shared_reasons(gcs, node_selector, terms_in, pool)
     if dra_pod is not None:
         shared.extend((r.path, r.why) for r in dra_pod.reasons)
-    if other is not None:
+    if other is not None and other.declared:  # undeclared: only its rule speaks
         if pool is not None:  # the card's memory is known: the shares in MiB and fraction
             other = analyse_other(pod, spec, compiled.other_systems, pool.memory_mib)
             gcs = _with_other(gcs, other, spec)
@@ -440,14 +445,15 @@ def _maybe_other(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
 
 def _with_other(gcs: list[GpuContainer], other: OtherGpu,
                 spec: Mapping[str, Any]) -> list[GpuContainer]:
-    """The GPU containers plus those a declared other sharing system serves; every container
-    the other system serves carries its share (``gc.other``) so memory variables are capped."""
+    """The GPU containers plus those a declared other sharing system serves, each carrying
+    its share (``gc.other``) so memory variables are capped. An undeclared system's view is
+    not used (rule ``other-sharing-system`` reports the pod; the guard voids as usual)."""
+    if not other.declared:
+        return gcs
     by_place = {(gc.kind, gc.index): gc for gc in gcs}
     for oc in other.containers:
         gc = by_place.get((oc.kind, oc.index))
         if gc is None:
-            if not other.declared:
-                continue  # not a GPU container: the guard voids it, the rule says why
             gc = by_place[oc.kind, oc.index] = GpuContainer(
                 oc.kind, oc.index, spec[oc.kind][oc.index], {}, shared=False, mig=False)
         gc.other = oc
@@ -516,12 +522,17 @@ def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str,
         return Decision(allowed=True, exempt=exempt)
     builder = PatchBuilder(pod) if facts.stage == "mutate" else None
     violations: list[Violation] = []
-    if other is not None and not other.declared:
-        first = other.containers[0] if other.containers else None
-        path, why = (first.path, first.why) if first is not None else other.problems[0]
-        violations.append(Violation(OTHER_RULE, path, undeclared_message(other.system, why),
-                                    compiled.modes[OTHER_RULE]))
     guard(spec, frozenset(), compiled.modes, builder, violations)
+    if other is not None:  # after the guard, as in the rule order
+        mode = compiled.modes[OTHER_RULE]
+        if not other.declared:
+            path, why = other.asked
+            violations.append(Violation(OTHER_RULE, path,
+                                        undeclared_message(other.system, why), mode))
+        else:  # declared, but it serves no container (a KAI container name that is wrong)
+            violations.extend(Violation(OTHER_RULE, path, f"{SYSTEM_NAMES[other.system]} "
+                                        f"request: {problem}", mode)
+                              for path, problem in other.problems)
     return _finish(meta, violations, builder, gpu=False)
 
 

@@ -33,10 +33,11 @@ hand out (the GPU-access guard still refuses the ConfigMap reference).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+
+from gpu_admission.dra.analysis import quantity_value
 
 KAI: Final = "kai"
 HAMI: Final = "hami"
@@ -57,7 +58,6 @@ HAMI_MEMORY_PERCENT: Final = "nvidia.com/gpumem-percentage"  # % of the card's m
 HAMI_CORES: Final = "nvidia.com/gpucores"  # % of the card's SMs
 HAMI_RESOURCES: Final = (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES)
 
-_INT = re.compile(r"^\s*\+?(\d{1,12})\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +79,7 @@ class OtherGpu:
 
     system: str  # KAI | HAMI
     declared: bool
+    asked: tuple[str, str]  # (path, why) of what asks the system first, for messages
     containers: tuple[OtherContainer, ...]
     #: (kind, index) -> KAI's ConfigMap name that container's NVIDIA_VISIBLE_DEVICES may name
     kai_configmaps: Mapping[tuple[str, int], str]
@@ -116,10 +117,11 @@ def hami_resources(container: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
+    """A positive whole quantity (``3000``, or ``3k`` as the API server writes it)."""
+    number = quantity_value(value)
+    if number is None or number != number.to_integral_value() or not 0 < number < 10**12:
         return None
-    match = _INT.match(str(value))
-    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+    return int(number)
 
 
 def _fraction(value: Any) -> float | None:
@@ -181,7 +183,8 @@ def analyse(pod: Mapping[str, Any], spec: Mapping[str, Any], declared: frozenset
                                         mib, fraction, shared))
     if not found:
         return None
-    return OtherGpu(HAMI, HAMI in declared, tuple(found), {}, tuple(problems))
+    return OtherGpu(HAMI, HAMI in declared, (found[0].path, found[0].why), tuple(found), {},
+                    tuple(problems))
 
 
 def _kai(annotations: Mapping[str, Any], spec: Mapping[str, Any], declared: bool,
@@ -222,7 +225,7 @@ def _kai(annotations: Mapping[str, Any], spec: Mapping[str, Any], declared: bool
         prefix = annotations.get(KAI_CONFIGMAP)
         if isinstance(prefix, str) and prefix.endswith(KAI_CONFIGMAP_SUFFIX):
             configmaps[place] = f"{prefix}-{'i' if kind == 'initContainers' else ''}{index}"
-    return OtherGpu(KAI, declared, containers, configmaps, tuple(problems))
+    return OtherGpu(KAI, declared, (at, why), containers, configmaps, tuple(problems))
 
 
 def _kai_container(annotations: Mapping[str, Any],

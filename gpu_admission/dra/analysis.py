@@ -142,6 +142,20 @@ def _nvidia_sharing(config: Mapping[str, Any],
     return None
 
 
+def quantity_value(value: Any) -> Decimal | None:
+    """A Kubernetes quantity (``3k``, ``3000``, ``512Mi``) as a number; None when it is not
+    one. The API server sends quantities in canonical form (``3000`` becomes ``3k``)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    match = _QUANTITY.match(str(value))
+    if match is None:
+        return None
+    try:
+        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+    except (InvalidOperation, ArithmeticError):
+        return None
+
+
 def quantity_mib(value: Any) -> int | None:
     """A Kubernetes quantity (``10Gi``, ``512Mi``, ``8G``) in whole MiB, rounded down as the
     NVIDIA driver does (``bytes/1024/1024``); None when it is not a positive quantity."""

@@ -45,9 +45,7 @@ class OtherSharingSystems:
         if other is None:
             return
         if not other.declared:
-            first = other.containers[0] if other.containers else None
-            why = first.why if first is not None else other.problems[0][1]
-            path = first.path if first is not None else other.problems[0][0]
+            path, why = other.asked
             ctx.violate(RULE, path, undeclared_message(other.system, why))
             return
         for path, problem in other.problems:
