@@ -1029,7 +1029,7 @@ class OtherSystemsUnit:
                 ".filter(r, size(r.parts) > 0)")
         prog.add("hamiAsks", concat(records),
                  "sharing_systems.analyse: containers with a non-zero HAMi resource")
-        hami_why = f'"HAMi vGPU " + {var("hamiAsks")}[0].parts.join(", ")'
+        hami_why = f'"HAMi vGPU " + string({var("hamiAsks")}[0].parts.join(", "))'
         kai_msg = self._message(KAI, kai_why)
         hami_msg = self._message(HAMI, hami_why)
         rule = other_systems.RULE
@@ -1037,7 +1037,7 @@ class OtherSystemsUnit:
             f'request.operation == "CREATE" || {var("isGpu")}\n'
             f"  ? ({kai_ask} ? [{violation(rule, kai_path, kai_msg)}]\n"
             f'     : size({var("hamiAsks")}) > 0 ? '
-            f'[{violation(rule, var("hamiAsks") + "[0].path", hami_msg)}] : [])\n'
+            f'[{violation(rule, "string(" + var("hamiAsks") + "[0].path)", hami_msg)}] : [])\n'
             "  : []")
 
     @staticmethod
