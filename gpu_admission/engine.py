@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from gpu_admission.cuda import normalize_version
 from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
@@ -61,6 +61,9 @@ from gpu_admission.vocab import (
 )
 
 MAX_WARNING = 120
+#: Owners whose GPU pods are batch jobs (spec.classification.batchJobWorkload): a batch/v1
+#: Job (CronJobs create Jobs) and a Volcano Job.
+BATCH_JOB_API_VERSIONS: Final = ("batch/v1", "batch.volcano.sh/v1alpha1")
 _FULL_GPU_RESOURCES = frozenset({GPU_RESOURCE, GPU_RESOURCE + SHARED_SUFFIX})
 _EMPTY: Mapping[str, Any] = {}
 _ALLOWED = Decision(allowed=True)
@@ -146,7 +149,7 @@ def _classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
     if compiled.batch_job_workload is not None and isinstance(owners, list):
         for ref in owners:
             if (isinstance(ref, dict) and ref.get("kind") == "Job"
-                    and ref.get("apiVersion") == "batch/v1"):
+                    and ref.get("apiVersion") in BATCH_JOB_API_VERSIONS):
                 return (compiled.batch_job_workload,
                         f"owner Job/{ref.get('name', '')} (classification.batchJobWorkload)",
                         bad)

@@ -33,6 +33,7 @@ import yaml
 from gpu_admission.cuda import parse_repository
 from gpu_admission.decision import Mode
 from gpu_admission.dra.analysis import DEVICECLASS_RESOURCE_PREFIX
+from gpu_admission.engine import BATCH_JOB_API_VERSIONS
 from gpu_admission.policy.model import Policy
 from gpu_admission.rules import (
     cuda_routing,
@@ -200,7 +201,7 @@ def analysis(policy: Policy, prog: Program) -> None:
     chain += [(f"{lit(key)} in {labels}", '"notebook"', lit(f"label {key}"))
               for key in compiled.notebook_labels]
     if compiled.batch_job_workload is not None:  # engine._classify: a batch/v1 Job owner
-        is_job = 'r.kind == "Job" && r.apiVersion == "batch/v1"'
+        is_job = f'r.kind == "Job" && r.apiVersion in {lit(list(BATCH_JOB_API_VERSIONS))}'
         first_job = f"{owners}.filter(r, {is_job})[0]"
         chain.append((f"has({owners}) && {owners}.exists(r, {is_job})",
                       lit(compiled.batch_job_workload),

@@ -29,7 +29,13 @@ from typing import Final
 
 from gpu_admission.decision import Mode, Violation
 from gpu_admission.rules.base import Context
-from gpu_admission.rules.memory import MemoryLimit, Wanted, _wanted, memory_share
+from gpu_admission.rules.memory import (
+    FRACTION_VARS,
+    MemoryLimit,
+    Wanted,
+    _wanted,
+    memory_share,
+)
 
 UNKNOWN: Final = "dra-reference-unknown"
 POSSIBLE: Final = "dra-sharing-possible"
@@ -112,4 +118,9 @@ class DraRules:
                     self._memo.clear()
                 memo = self._memo[key] = (ctx.pool, limits, _wanted(
                     ctx.pool, limits, 0, (mem_mib, fraction, source))[0])
-            MemoryLimit._container(ctx, gc, memo[2], source)
+            wanted = memo[2]
+            if gc.dra.capacity_mib is not None and ctx.pool is None:
+                # a share in MiB of a card of unknown size: no fraction is known to be
+                # within it, so none is written (only NVIDIA_MEM_LIMIT_MB and growth)
+                wanted = [w for w in wanted if w[0] not in FRACTION_VARS]
+            MemoryLimit._container(ctx, gc, wanted, source)

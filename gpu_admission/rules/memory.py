@@ -48,6 +48,10 @@ XLA_CLIENT_MEM_FRACTION: Final = "XLA_CLIENT_MEM_FRACTION"
 XLA_PYTHON_CLIENT_MEM_FRACTION: Final = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 TF_FORCE_GPU_ALLOW_GROWTH: Final = "TF_FORCE_GPU_ALLOW_GROWTH"
 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+#: The variables that carry a fraction of the card (not written when the card is unknown
+#: and the share is given in MiB only).
+FRACTION_VARS: Final = frozenset({"GPU_MEMORY_FRACTION", "XLA_CLIENT_MEM_FRACTION",
+                                  "XLA_PYTHON_CLIENT_MEM_FRACTION"})
 
 # "<dev>=<size>" with size like 4096M, 4G, 512MB, 1GiB (binary units; bare number = MiB).
 _MPS_ENTRY = re.compile(r"^\s*(\d+)\s*=\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -209,8 +213,7 @@ def other_wanted(pool: NodePool | None, limits: MemoryLimits,
     if other.memory_mib is None:
         skip.add(NVIDIA_MEM_LIMIT_MB)
     if other.fraction is None:
-        skip.update((GPU_MEMORY_FRACTION, XLA_CLIENT_MEM_FRACTION,
-                     XLA_PYTHON_CLIENT_MEM_FRACTION))
+        skip.update(FRACTION_VARS)
     return [w for w in wanted if w[0] not in skip], source
 
 
