@@ -382,7 +382,7 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     if not gcs:
         if dra_pod is not None and dra_pod.unresolved:
             return _dra_unresolved(pod, spec, meta, facts=facts, policy=policy, dra_pod=dra_pod)
-        return _non_gpu(pod, spec, meta, facts, compiled, other)
+        return _non_gpu(pod, spec, meta, facts, compiled, other=other)
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
     workload, workload_reason, bad_label = _classify(
@@ -405,8 +405,10 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     if dra_pod is not None:
         shared.extend((r.path, r.why) for r in dra_pod.reasons)
     if other is not None and other.declared:  # undeclared: only its rule speaks
-        if pool is not None:  # the card's memory is known: the shares in MiB and fraction
-            other = analyse_other(pod, spec, compiled.other_systems, pool.memory_mib)
+        refined = (analyse_other(pod, spec, compiled.other_systems, pool.memory_mib)
+                   if pool is not None else None)  # the card is known: MiB and fraction
+        if refined is not None:
+            other = refined
             gcs = _with_other(gcs, other, spec)
         shared.extend((oc.path, oc.why) for oc in other.containers if oc.shared)
     mutate = facts.stage == "mutate" and facts.operation == "CREATE"
@@ -513,7 +515,7 @@ def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mappi
 
 
 def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any],
-             facts: RequestFacts, compiled: Compiled, other: OtherGpu | None = None
+             facts: RequestFacts, compiled: Compiled, *, other: OtherGpu | None = None
              ) -> Decision:
     """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt;
     plus rule ``other-sharing-system`` when it asks an undeclared system for a GPU (it is

@@ -43,6 +43,7 @@ from gpu_admission.rules import (
     scheduler,
     training,
 )
+from gpu_admission.rules.memory import format_fraction
 from gpu_admission.sharing_systems import (
     HAMI,
     HAMI_CORES,
@@ -55,7 +56,6 @@ from gpu_admission.sharing_systems import (
     KAI_MEMORY,
     SYSTEM_NAMES,
 )
-from gpu_admission.rules.memory import format_fraction
 from gpu_admission.vocab import (
     CUDA_VERSION_LABEL,
     DEFAULT_SCHEDULER,

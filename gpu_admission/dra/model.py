@@ -77,7 +77,9 @@ def normalize_request(request: Any) -> Any:
 def normalize_claim_spec(spec: Any) -> Any:
     """A ResourceClaimSpec with every request in the ``v1`` shape (a copy when one changes)."""
     devices = spec.get("devices") if isinstance(spec, dict) else None
-    requests = devices.get("requests") if isinstance(devices, dict) else None
+    if not isinstance(devices, dict):
+        return spec
+    requests = devices.get("requests")
     if not isinstance(requests, list):
         return spec
     normal = [normalize_request(r) for r in requests]

@@ -105,7 +105,7 @@ def last_entry(env: Any) -> tuple[int, Mapping[str, Any]] | None:
 
 
 def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Mapping[str, Mode],
-          patch: PatchBuilder | None, out: list[Violation],
+          patch: PatchBuilder | None, out: list[Violation], *,
           others: AbstractSet[tuple[str, int]] = frozenset()) -> None:
     """Apply the guard to one pod spec: append violations to ``out``, declare the ``void``
     upserts on ``patch`` (None: validate stage). ``gpu`` holds ``(kind, index)`` of the GPU
@@ -177,4 +177,4 @@ class GpuAccess:
         gpu = {(gc.kind, gc.index) for gc in ctx.gpu_containers}
         others = (ctx.other.places if ctx.other is not None and ctx.other.declared
                   and ctx.other.system == KAI else frozenset())
-        guard(ctx.spec, gpu, ctx.compiled.modes, ctx.patch, ctx.violations, others)
+        guard(ctx.spec, gpu, ctx.compiled.modes, ctx.patch, ctx.violations, others=others)

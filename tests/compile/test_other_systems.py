@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 
 from gpu_admission.compile.compiler import CompileFailure, compile_policy
 from gpu_admission.compile.evaluator import admit
+from gpu_admission.compile.offline import as_admitted
 from gpu_admission.decision import RequestFacts
 from gpu_admission.engine import evaluate
 from gpu_admission.policy.model import default_policy, policy_from_dict
-from tests.compile_support import as_admitted, check, pods, request_facts
+from tests.compile_support import check, pods, request_facts
 
 IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 KAI_CM = "kai-job-abcdefg-shared-gpu"
@@ -134,9 +135,8 @@ def test_declared_systems_stay_with_the_webhook_for_their_pods_only() -> None:
     compiled = compile_policy(DECLARED, partial=True)
     assert compiled.stays["other-sharing-system"].field == "spec.otherSharingSystems"
     facts = RequestFacts(namespace="team-a")
-    for name, pod in PODS.items():
-        pod = as_admitted(copy.deepcopy(pod))
-        outcome = admit(compiled.objects, pod, facts)
+    for name, written in PODS.items():
+        outcome = admit(compiled.objects, as_admitted(copy.deepcopy(written)), facts)
         # the compiled policies skip it (matchConditions; a zero HAMi quantity too: the
         # webhook then decides it in full, as the engine does); the webhook decides it
         assert outcome.decision.patch == () and outcome.decision.violations == (), name

@@ -47,8 +47,14 @@ from tests.dra.objects import (
     template,
 )
 from tests.kube_api_support import running_api
-from tests.server_support import SecretDir, Server, make_config, new_bundle, poll_until, \
-    running_server
+from tests.server_support import (
+    SecretDir,
+    Server,
+    make_config,
+    new_bundle,
+    poll_until,
+    running_server,
+)
 
 MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
 
