@@ -432,7 +432,7 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
 def _maybe_other(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
     """Cheap test: KAI's annotations, or a HAMi resource in some container's limits."""
     annotations = meta.get("annotations")
-    if annotations.__class__ is dict and any(k in annotations for k in KAI_ANNOTATIONS):
+    if annotations.__class__ is dict and not _KAI_KEYS.isdisjoint(annotations):
         return True
     for kind in ("containers", "initContainers"):
         items = spec.get(kind)
@@ -441,11 +441,16 @@ def _maybe_other(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
         for container in items:
             resources = container.get("resources") if container.__class__ is dict else None
             if resources.__class__ is dict:
-                for key in ("limits", "requests"):
-                    values = resources.get(key)
-                    if values.__class__ is dict and any(r in values for r in HAMI_RESOURCES):
-                        return True
+                limits, requests = resources.get("limits"), resources.get("requests")
+                if ((limits.__class__ is dict and not _HAMI_KEYS.isdisjoint(limits))
+                        or (requests.__class__ is dict
+                            and not _HAMI_KEYS.isdisjoint(requests))):
+                    return True
     return False
+
+
+_KAI_KEYS = frozenset(KAI_ANNOTATIONS)
+_HAMI_KEYS = frozenset(HAMI_RESOURCES)
 
 
 def _with_other(gcs: list[GpuContainer], other: OtherGpu,
