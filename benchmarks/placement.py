@@ -48,6 +48,7 @@ Run: ``python benchmarks/placement.py [--pods 64] [--seed 11] [--seeds 1,2,3] [-
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import random
 import statistics
@@ -60,6 +61,8 @@ from typing import Any
 import orjson
 
 from gpu_admission.extender.app import STATE, ExtenderConfig, create_app, decide
+from gpu_admission.extender.fractional import NEW_GPU
+from gpu_admission.extender.fractional import choose as choose_gpu
 from gpu_admission.extender.gpustate import (
     FB_FREE,
     FB_USED,
@@ -72,7 +75,13 @@ from gpu_admission.extender.gpustate import (
     node_labels,
     parse_vector,
 )
-from gpu_admission.extender.placement import filter_nodes, pod_demand, score_nodes
+from gpu_admission.extender.ledger import GpuState, NodeView
+from gpu_admission.extender.placement import (
+    filter_nodes,
+    pod_demand,
+    score_nodes,
+    to_extender_score,
+)
 from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
 
 NODES, GPUS_PER_NODE, REPLICAS = 8, 4, 4
@@ -119,6 +128,8 @@ class SimNode:
     name: str
     slots_per_gpu: int
     gpus: list[SimGpu] = field(default_factory=lambda: [SimGpu() for _ in range(GPUS_PER_NODE)])
+    #: fractional mode: the GPU bind chose (the extender picks it, not the device plugin)
+    chosen: SimGpu | None = None
 
     @property
     def pods(self) -> int:
@@ -129,6 +140,10 @@ class SimNode:
         return GPUS_PER_NODE * self.slots_per_gpu
 
     def place(self, pod: SimPod, rng: random.Random) -> None:
+        if self.chosen is not None:
+            self.chosen.pods.append(pod)
+            self.chosen = None
+            return
         # device plugin distributedAlloc: the GPU with the fewest allocated replicas; ties in
         # Go map order (random), see placement.predicted_gpus
         free = [g for g in self.gpus if len(g.pods) < self.slots_per_gpu]
@@ -338,7 +353,145 @@ def server_side(calls: int, n_nodes: int = 500) -> None:
         print(f"{fit:<10} {p50:>7.3f}  {p50 / base:.2f}x vs any")
 
 
+def fractional_timing(calls: int, n_nodes: int = 500) -> None:
+    """Part 3: the fractional GPU choice alone on a 500-node x 8-GPU ledger (view of the node
+    rebuilt after a change + choose), the filter over all 500 nodes cold, and bind's wall
+    time with its API calls against the fake API server (tests/kube_api_support.py) through
+    the real kubernetes client."""
+    from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod  # noqa: PLC0415
+    from gpu_admission.extender.fractional import filter_fractional  # noqa: PLC0415
+    from gpu_admission.extender.ledger import Assignment, Ledger, device_value  # noqa: PLC0415
+    from tests.extender.fractional_support import NAMESPACE, frac_node, frac_pod, frac_policy  # noqa: PLC0415
+
+    rng = random.Random(7)
+    policy = policy_from_dict(frac_policy())
+    ledger = Ledger(NAMESPACE)
+    nodes = [frac_node(f"gpu-node-{i:04d}", gpus=8) for i in range(n_nodes)]
+    ledger.replace_nodes(nodes)
+    pods: list[dict[str, Any]] = []
+    cms: list[dict[str, Any]] = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        for g in range(rng.randrange(0, 9)):
+            uuid = f"GPU-{name}-{g}"
+            res = reservation_pod(f"r-{name}-{g}", name, BindConfig(NAMESPACE, "img"), "x")
+            res["metadata"]["annotations"]["gpu-admission.io/gpu-uuid"] = uuid
+            pods.append(res)
+            for k in range(rng.randrange(1, 5)):
+                pod = frac_pod(f"p-{name}-{g}-{k}", rng.choice(MEMORY_CHOICES[:3]))
+                pod["metadata"]["uid"] = f"u-{name}-{g}-{k}"
+                pod["spec"]["nodeName"] = name
+                pods.append(pod)
+                meta = pod["metadata"]
+                cms.append(configmap(meta["namespace"], meta["annotations"][
+                    "gpu-admission.io/gpu-configmap"], meta["name"], meta["uid"],
+                    device_value(uuid, "envvar")))
+    ledger.replace_configmaps(cms)
+    ledger.replace_pods(pods)
+    placement = policy.spec.placement
+    names = [n["metadata"]["name"] for n in nodes]
+    times = []
+    for i in range(calls):
+        node = names[i % n_nodes]
+        ledger.assume(Assignment("b", "b", "b", node, "GPU-x", 1))  # a change: view rebuilt
+        ledger.unassume("b")
+        t0 = time.perf_counter()
+        choose_gpu(ledger.view(node), CARD_MIB, 16384, placement, None)
+        times.append((time.perf_counter() - t0) * 1000)
+    print(f"\nfractional GPU choice, {n_nodes} nodes x 8 GPUs, {len(pods)} pods in the ledger, "
+          f"{calls} calls, ms")
+    print(f"{'choice (view rebuilt + choose)':<34} p50 {percentile(times, 0.5):.4f}  "
+          f"p99 {percentile(times, 0.99):.4f}")
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
+    cold = []
+    for _ in range(max(calls // 100, 10)):
+        ledger.replace_nodes(nodes)  # every view dropped: a cold filter
+        t0 = time.perf_counter()
+        filter_fractional(16384, names, {n: ledger.view(n) for n in names}, labels, policy)
+        cold.append((time.perf_counter() - t0) * 1000)
+    print(f"{'filter, all nodes, cold':<34} p50 {percentile(cold, 0.5):.3f}  "
+          f"p99 {percentile(cold, 0.99):.3f}")
+    asyncio.run(_bind_timing())
+
+
+async def _bind_timing(n: int = 40) -> None:
+    import tempfile  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from tests.extender.fractional_support import binding_args, frac_node, frac_pod, stack  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        async with stack(Path(tmp), *(frac_node(f"n{i}", gpus=8) for i in range(4))) as s:
+            await s.start_extender()
+            pods = s.create(*(frac_pod(f"p{i:03d}", 8192) for i in range(2 * n)))
+            for label, batch, parallel in (("sequential", pods[:n], False),
+                                           ("parallel", pods[n:], True)):
+                walls: list[float] = []
+                writes = len(s.fake.writes)
+
+                async def one(pod: dict[str, Any], node: str,
+                              walls: list[float] = walls) -> None:
+                    t0 = time.perf_counter()
+                    assert (await s.post("bind", binding_args(pod, node)))["Error"] == ""
+                    walls.append((time.perf_counter() - t0) * 1000)
+                t_all = time.perf_counter()
+                if parallel:
+                    await asyncio.gather(*(one(p, f"n{i % 4}") for i, p in enumerate(batch)))
+                else:
+                    for i, p in enumerate(batch):
+                        await one(p, f"n{i % 4}")
+                total = (time.perf_counter() - t_all) * 1000
+                opened = sum(1 for m, path, _ in s.fake.writes[writes:]
+                             if m == "POST" and path.endswith("/gpu-admission/pods"))
+                print(f"bind over HTTP vs the fake API, {label}: {len(batch)} binds "
+                      f"({opened} opened a GPU: reservation + UUID wait ~20 ms), wall ms p50 "
+                      f"{percentile(walls, 0.5):.1f} p99 {percentile(walls, 0.99):.1f}, "
+                      f"all {total:.0f}; API writes {len(s.fake.writes) - writes}")
+
+
 Chooser = Callable[[SimPod, list[SimNode], random.Random, int], SimNode | None]
+
+
+def node_view(node: SimNode) -> NodeView:
+    """The ledger's view of a simulated fractional node: a GPU with pods is open (its
+    reservation pod holds one nvidia.com/gpu); shares = the pods' memory (MiB)."""
+    opened = tuple(GpuState(f"GPU-{node.name}-{i}", g.used_mib, len(g.pods), "reservation")
+                   for i, g in enumerate(node.gpus) if g.pods)
+    return NodeView(node.name, GPUS_PER_NODE, 0, len(opened), opened)
+
+
+def fractional(policy: Policy, metrics: bool = True) -> Chooser:
+    """(d) a fractional pool: whole GPUs, the pod requests ``gpu-admission.io/gpu-memory`` =
+    its need (MiB) and no nvidia.com/gpu. kube-scheduler: the extender's filter (the ledger:
+    a GPU with share + headroom free, open or to open) and its scores x weight 5 x 10 plus
+    NodeResourcesFit MostAllocated, where nvidia.com/gpu counts the reservation pods (one per
+    open GPU); then bind puts the pod on the GPU the same rule chooses
+    (:func:`gpu_admission.extender.fractional.choose`). ``metrics``: DCGM utilisation in the
+    score (else memory fit alone)."""
+    placement = policy.spec.placement
+
+    def choose(pod: SimPod, nodes: list[SimNode], rng: random.Random, _: int) -> SimNode | None:
+        scored: list[tuple[SimNode, int]] = []
+        picks: dict[str, str] = {}
+        for n in nodes:
+            view = node_view(n)
+            util = ({f"GPU-{n.name}-{i}": g.util for i, g in enumerate(n.gpus)}
+                    if metrics else None)
+            best = choose_gpu(view, CARD_MIB, pod.mem_mib, placement, util)
+            if best is None:
+                continue  # filtered out
+            k = n.pods + 1
+            fit = _weighted([(len(view.open) / GPUS_PER_NODE, GPU_FIT_WEIGHT),
+                             (k * POD_CPU_M / NODE_CPU_M, 1), (k * POD_MEM_MIB / NODE_MEM_MIB, 1)])
+            scored.append((n, fit + to_extender_score(best.score) * EXTENDER_WEIGHT * 10))
+            picks[n.name] = best.gpu_id
+        node = pick(rng, scored)
+        if node is not None:
+            gpu_id = picks[node.name]
+            node.chosen = (next(g for g in node.gpus if not g.pods) if gpu_id == NEW_GPU
+                           else node.gpus[int(gpu_id.rsplit("-", 1)[1])])
+        return node
+    return choose
 
 
 def scenarios(policies: dict[str, Policy]) -> list[tuple[str, int, Chooser]]:
@@ -351,7 +504,9 @@ def scenarios(policies: dict[str, Policy]) -> list[tuple[str, int, Chooser]]:
              gpu_aware(policies["predicted"], virtual=False)),
             ("(c) memoryFit: any", REPLICAS, gpu_aware(policies["any"])),
             ("(c) memoryFit: every", REPLICAS, gpu_aware(policies["every"])),
-            ("(c) MostAllocated, no extender", REPLICAS, gpu_aware(None))]
+            ("(c) MostAllocated, no extender", REPLICAS, gpu_aware(None)),
+            ("(d) fractional", 1, fractional(policies["any"])),
+            ("(d) fractional, no DCGM metrics", 1, fractional(policies["any"], metrics=False))]
 
 
 def goal_met(r: Outcome) -> bool:
@@ -426,6 +581,7 @@ def main() -> None:
         seed_summary(label, by_seed)
     if opts.calls:
         server_side(opts.calls)
+        fractional_timing(opts.calls)
 
 
 if __name__ == "__main__":

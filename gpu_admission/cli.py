@@ -24,6 +24,8 @@ SUBCOMMANDS = {
     "extender": "gpu_admission.extender.cli:extender",
     "report": "gpu_admission.report.cli:report",
     "compile": "gpu_admission.compile.cli:compile_command",
+    "reclaim": "gpu_admission.reclaim.cli:reclaim",
+    "reserve": "gpu_admission.reserve:reserve",
 }
 
 

@@ -71,6 +71,9 @@ class PrometheusClient:
         self.queries = 0
         self._count = threading.Lock()  # queries may be sent from worker threads
         self._pool = urllib3.PoolManager(
+            # callers run a few queries at once (report.query.IN_FLIGHT): keep a connection
+            # for each instead of urllib3's default of one ("Connection pool is full")
+            maxsize=4,
             retries=urllib3.Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.2,
                                   allowed_methods=None),
             timeout=urllib3.Timeout(connect=10.0, read=timeout))
@@ -88,10 +91,10 @@ class PrometheusClient:
         except urllib3.exceptions.MaxRetryError as exc:
             reason = exc.reason or exc
             raise PromError(f"cannot reach Prometheus at {self.base_url}: "
-                            f"{_reason(reason)}") from None
+                            f"{connection_reason(reason)}") from None
         except urllib3.exceptions.HTTPError as exc:
-            raise PromError(f"cannot reach Prometheus at {self.base_url}: {_reason(exc)}") \
-                from None
+            raise PromError(f"cannot reach Prometheus at {self.base_url}: "
+                            f"{connection_reason(exc)}") from None
         return decode(url, response.status, response.headers.get("Content-Type", ""),
                       response.data)
 
@@ -123,8 +126,9 @@ def _ts(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def _reason(exc: BaseException) -> str:
-    """The root cause of a urllib3 error in a few words (``connection refused``)."""
+def connection_reason(exc: BaseException) -> str:
+    """The root cause of a urllib3 error in a few words (``connection refused``); also used
+    for the API server by ``gpu_admission.reclaim.kube``."""
     text = str(exc)
     for marker in ("Connection refused", "Name or service not known", "timed out",
                    "No route to host", "certificate verify failed",

@@ -12,6 +12,17 @@ Protocol (https://kubernetes.io/docs/reference/using-api/api-concepts/):
 * a resourceVersion older than the compaction point gets a single ``ERROR`` event with a
   ``Status`` of code 410 (``Expired``, "too old resource version"), then the stream ends;
   :meth:`FakeApiServer.expire` also sends it to open watches (what etcd compaction does).
+* ``labelSelector`` (equality and existence terms) filters lists and watches;
+* discovery ``GET /apis/resource.k8s.io`` (an ``APIGroup``) lists
+  :attr:`FakeApiServer.dra_versions`; the DRA collections are served under each of those
+  versions (the same store: objects are handed on as stored) and 404 under the others;
+* object endpoints for pods, ConfigMaps, nodes and Leases (the extender's bind): ``POST`` a
+  namespaced collection (create; 409 ``AlreadyExists``; ``generateName``), ``GET``,
+  ``DELETE`` (deleting a pod also deletes the objects it owns, as the garbage collector
+  does), ``PATCH`` with a JSON merge patch (RFC 7386) or a JSON patch (RFC 6902), ``PATCH
+  nodes/{name}/status``, and ``POST pods/{name}/binding`` (sets ``spec.nodeName``; 409 when
+  already bound). Every write is logged in order in :attr:`FakeApiServer.writes`, and
+  :attr:`FakeApiServer.on_write` callbacks see each one (a test plays the kubelet there).
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import queue as queue_module
+import re
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -51,7 +63,13 @@ COLLECTIONS: dict[str, Collection] = {
     "/apis/resource.k8s.io/v1/resourceclaims": Collection(
         "resourceclaims", "ResourceClaimList", "resource.k8s.io/v1", "ResourceClaim", True),
     "/api/v1/pods": Collection("pods", "PodList", "v1", "Pod", True),
+    "/api/v1/configmaps": Collection("configmaps", "ConfigMapList", "v1", "ConfigMap", True),
+    "/api/v1/nodes": Collection("nodes", "NodeList", "v1", "Node", False),
+    "/apis/coordination.k8s.io/v1/leases": Collection(
+        "leases", "LeaseList", "coordination.k8s.io/v1", "Lease", True),
 }
+DRA_PREFIX = "/apis/resource.k8s.io/"
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
 BY_RESOURCE = {c.resource: c for c in COLLECTIONS.values()}
 BY_KIND = {c.kind: c for c in COLLECTIONS.values()}
 
@@ -72,9 +90,21 @@ class FakeApiServer:
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     lists_open: asyncio.Event = field(default_factory=asyncio.Event)
     not_served: set[str] = field(default_factory=set)  # resources answered with 404
+    #: resource.k8s.io versions served (discovery and the DRA collections' paths)
+    dra_versions: list[str] = field(default_factory=lambda: ["v1"])
+    #: (method, path, body) of every write, in the order the server received them
+    writes: list[tuple[str, str, Any]] = field(default_factory=list)
+    #: called after each successful write with (method, path, the stored object)
+    on_write: list[Any] = field(default_factory=list)
+    #: (method, path regex) -> HTTP status answered instead (a failing API server)
+    failures: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.lists_open.set()
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored object, or None."""
+        return self.objects[resource].get((namespace, name))
 
     # --- changing the store (what controllers/users would do) ------------------------------
 
@@ -129,26 +159,40 @@ class FakeApiServer:
             "reason": "Expired", "code": 410}}
 
     def count(self, resource: str, *, watch: bool) -> int:
-        """Requests seen for ``resource`` (lists or watches)."""
-        path = next(p for p, c in COLLECTIONS.items() if c.resource == resource)
+        """Requests seen for ``resource`` (lists or watches), in any served version."""
         return sum(1 for p, q in self.requests
-                   if p == path and (q.get("watch") in ("true", "1")) is watch)
+                   if (c := self.collection(p)) is not None and c.resource == resource
+                   and (q.get("watch") in ("true", "1")) is watch)
+
+    def collection(self, path: str) -> Collection | None:
+        """The collection a list/watch path names (DRA paths in any served version)."""
+        if path.startswith(DRA_PREFIX):
+            version, _, plural = path[len(DRA_PREFIX):].partition("/")
+            if version not in self.dra_versions:
+                return None
+            return COLLECTIONS.get(f"{DRA_PREFIX}v1/{plural}")
+        return COLLECTIONS.get(path)
 
     # --- HTTP ---------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        collection = COLLECTIONS.get(request.path)
-        if (collection is None or request.method != "GET"
-                or collection.resource in self.not_served):
-            return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                      "reason": "NotFound", "code": 404}, status=404)
+        if request.path == DRA_PREFIX.rstrip("/") and request.method == "GET":
+            return self._discovery()
+        collection = self.collection(request.path)
+        if collection is None or request.method != "GET":
+            return await handle_object(self, request)
+        if collection.resource in self.not_served:
+            return status_response(404, "NotFound", f"{request.path} not found")
         query = dict(request.query)
         self.requests.append((request.path, query))
         if query.get("watch") in ("true", "1"):
             return await self._watch(request, collection, query)
         await self.lists_open.wait()
         items = []
+        selector = query.get("labelSelector", "")
         for obj in self.objects[collection.resource].values():
+            if not label_selected(obj, selector):
+                continue
             item = copy.deepcopy(obj)
             item.pop("kind", None)
             item.pop("apiVersion", None)
@@ -157,6 +201,15 @@ class FakeApiServer:
             "kind": collection.list_kind, "apiVersion": collection.api_version,
             "metadata": {"resourceVersion": str(self.version)}, "items": items}),
             content_type="application/json")
+
+    def _discovery(self) -> web.Response:
+        versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v}
+                    for v in DRA_VERSIONS if v in self.dra_versions]
+        if not versions:
+            return status_response(404, "NotFound", "the server could not find the resource")
+        return web.json_response({"kind": "APIGroup", "apiVersion": "v1",
+                                  "name": "resource.k8s.io", "versions": versions,
+                                  "preferredVersion": versions[0]})
 
     async def _watch(self, request: web.Request, collection: Collection,
                      query: dict[str, str]) -> web.StreamResponse:
@@ -173,9 +226,13 @@ class FakeApiServer:
             if version > since:
                 queue.put_nowait(change)
         self.watches[collection.resource].add(queue)
+        selector = query.get("labelSelector", "")
         try:
             async with asyncio.timeout(float(query.get("timeoutSeconds") or 1800)):
                 while (event := await queue.get()) is not None:
+                    if (event["type"] in ("ADDED", "MODIFIED", "DELETED")
+                            and not label_selected(event["object"], selector)):
+                        continue
                     await response.write(orjson.dumps(event) + b"\n")
             await response.write_eof()
         except (TimeoutError, ConnectionResetError):
@@ -183,6 +240,145 @@ class FakeApiServer:
         finally:
             self.watches[collection.resource].discard(queue)
         return response
+
+
+def status_response(code: int, reason: str, message: str) -> web.Response:
+    """A ``Status`` failure, as the API server answers errors."""
+    return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                              "status": "Failure", "message": message, "reason": reason,
+                              "code": code}, status=code)
+
+
+def label_selected(obj: dict[str, Any], selector: str) -> bool:
+    """Equality (``k=v``, ``k==v``, ``k!=v``) and existence (``k``, ``!k``) terms, ANDed
+    (https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def json_patch(target: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 add/replace/remove (what the extender sends)."""
+    doc = copy.deepcopy(target)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent.setdefault(part, {})
+        if op["op"] in ("add", "replace"):
+            parent[parts[-1]] = op["value"]
+        elif op["op"] == "remove":
+            del parent[parts[-1]]
+        else:
+            raise ValueError(f"unsupported op {op['op']}")
+    return doc
+
+
+_OBJECT_PATH = re.compile(
+    r"^/api(?:s/coordination\.k8s\.io)?/v1/(?:namespaces/(?P<ns>[^/]+)/)?"
+    r"(?P<resource>pods|configmaps|nodes|leases)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>binding|status))?)?$")
+
+
+async def handle_object(fake: FakeApiServer, request: web.Request) -> web.Response:
+    """Create / get / delete / patch one object, ``pods/binding``, ``nodes/status``."""
+    m = _OBJECT_PATH.match(request.path)
+    if m is None or (m["ns"] is None) != (m["resource"] == "nodes"):
+        return status_response(404, "NotFound", f"{request.path} not found")
+    for (method, pattern), code in fake.failures.items():
+        if method == request.method and re.search(pattern, request.path):
+            return status_response(code, "InternalError", "injected failure")
+    resource, namespace, name, sub = m["resource"], m["ns"] or "", m["name"], m["sub"]
+    collection = BY_RESOURCE[resource]
+    body: Any = None
+    if request.can_read_body:
+        body = orjson.loads(await request.read())
+    if request.method != "GET":
+        fake.writes.append((request.method, request.path, body))
+    stored = fake.objects[resource].get((namespace, name)) if name else None
+    if request.method == "POST" and name is None:  # create
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{fake.version + 1:05x}"
+        meta["namespace"] = namespace
+        if (namespace, meta.get("name")) in fake.objects[resource]:
+            return status_response(409, "AlreadyExists",
+                                   f'{resource} "{meta.get("name")}" already exists')
+        meta.pop("resourceVersion", None)
+        meta["uid"] = f"uid-{resource}-{namespace}-{meta['name']}-{fake.version + 1}"
+        obj["kind"], obj["apiVersion"] = collection.kind, collection.api_version
+        fake._event("ADDED", obj)
+        result = fake.objects[resource][(namespace, meta["name"])]
+        code = 201
+    elif stored is None:
+        return status_response(404, "NotFound", f'{resource} "{name}" not found')
+    elif request.method == "GET" and sub is None:
+        return web.json_response(stored)
+    elif request.method == "DELETE" and sub is None:
+        fake._event("DELETED", stored)
+        result, code = stored, 200
+        if resource == "pods":  # the garbage collector: objects the pod owns go with it
+            uid = stored["metadata"].get("uid")
+            for owned in list(fake.objects["configmaps"].values()):
+                refs = owned["metadata"].get("ownerReferences") or []
+                if any(r.get("uid") == uid for r in refs):
+                    fake._event("DELETED", owned)
+    elif request.method == "POST" and sub == "binding" and resource == "pods":
+        if stored.get("spec", {}).get("nodeName"):
+            return status_response(409, "Conflict", f'pod {name} is already assigned to node '
+                                   f'"{stored["spec"]["nodeName"]}"')
+        target = (body or {}).get("target") or {}
+        if (body or {}).get("kind") != "Binding" or target.get("kind") != "Node":
+            return status_response(400, "BadRequest", "expected a Binding to a Node")
+        obj = copy.deepcopy(stored)
+        obj.setdefault("spec", {})["nodeName"] = target["name"]
+        fake._event("MODIFIED", obj)
+        result = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                  "code": 201}
+        code = 201
+    elif request.method == "PATCH" and sub in (None, "status"):
+        if request.content_type == "application/json-patch+json":
+            obj = json_patch(stored, body)
+        else:
+            obj = merge_patch(stored, body)
+        if sub == "status":  # the status subresource changes status only
+            obj = {**copy.deepcopy(stored), "status": obj.get("status", {})}
+        else:
+            obj["status"] = copy.deepcopy(stored.get("status", {}))
+        fake._event("MODIFIED", obj)
+        result, code = fake.objects[resource][(namespace, name)], 200
+    else:
+        return status_response(405, "MethodNotAllowed", f"{request.method} {request.path}")
+    for callback in fake.on_write:
+        callback(request.method, request.path, result)
+    return web.json_response(result, status=code)
 
 
 def write_kubeconfig(path: Path, port: int) -> Path:
@@ -215,15 +411,21 @@ async def running_api(tmp: Path) -> AsyncIterator[tuple[FakeApiServer, Path]]:
 
 
 @contextmanager
-def api_in_thread(tmp: Path, *objs: dict[str, Any]) -> Iterator[Path]:
+def api_in_thread(tmp: Path, *objs: dict[str, Any],
+                  on_write: list[Any] | None = None) -> Iterator[Path]:
     """The fake API, holding ``objs``, on its own event loop in a thread (for tests that run
-    the webhook as a subprocess); yields the kubeconfig."""
+    the webhook as a subprocess); yields the kubeconfig. ``on_write``: gets (method, path,
+    body, the stored object's annotations) of each write."""
     ready: queue_module.Queue[Path] = queue_module.Queue()
     done = threading.Event()
 
     async def serve() -> None:
         async with running_api(tmp) as (fake, kubeconfig):
             fake.apply(*objs)
+            if on_write is not None:
+                fake.on_write.append(lambda method, path, obj: on_write.append(
+                    (method, path, fake.writes[-1][2],
+                     (obj.get("metadata") or {}).get("annotations"))))
             ready.put(kubeconfig)
             await asyncio.to_thread(done.wait)
 

@@ -19,8 +19,12 @@ Filter replies mirror the request form (``pkg/scheduler/extender.go`` ``Filter``
 ``NodeNames``; otherwise it carries the full ``Nodes`` NodeList and the reply must carry
 ``Nodes`` (a reply with neither filters out every node).
 
-The handlers do no I/O: they read the snapshot the background poller
-(:mod:`gpu_admission.extender.gpustate`) last stored.
+The filter and prioritize handlers do no I/O: they read the snapshot the background poller
+(:mod:`gpu_admission.extender.gpustate`) last stored and, for fractional pods, the GPU ledger
+the watch keeps (:mod:`gpu_admission.extender.binder`). ``POST <prefix>/bind`` (configured
+with ``--kube``) takes ``ExtenderBindingArgs`` (``PodName``, ``PodNamespace``, ``PodUID``,
+``Node``) and answers ``ExtenderBindingResult`` (``Error``: "" when bound); its API calls run
+in threads.
 """
 
 from __future__ import annotations
@@ -38,6 +42,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from structlog.typing import FilteringBoundLogger
 
+from gpu_admission.extender.binder import BindConfig, Binder, BindMetrics, KubeState
+from gpu_admission.extender.fractional import (
+    filter_fractional,
+    fractional_error,
+    fractional_share,
+    score_fractional,
+)
 from gpu_admission.extender.gpustate import METRICS, Poller, PollerConfig, PollError, Snapshot
 from gpu_admission.extender.placement import (
     FilterResult,
@@ -46,6 +57,7 @@ from gpu_admission.extender.placement import (
     pod_demand,
     score_nodes,
 )
+from gpu_admission.kube.client import api_client
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.server.logs import make_logger
 from gpu_admission.server.reload import FileWatcher, cancel_tasks
@@ -54,6 +66,7 @@ JSON: Final = "application/json"
 DEFAULT_PREFIX: Final = "/scheduler"
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024  # bytes; a NodeList of thousands of Nodes
 VERBS: Final = ("filter", "prioritize")
+BIND: Final = "bind"
 #: Seconds. A decision is well under a millisecond; kube-scheduler's httpTimeout is seconds.
 LATENCY_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                           0.1, 0.5, 1.0)
@@ -74,6 +87,11 @@ class ExtenderConfig:
     prefix: str = DEFAULT_PREFIX  # urlPrefix path of the KubeSchedulerConfiguration
     reload_interval_seconds: float = 1.0  # policy file check period
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: kubeconfig path or "in-cluster": watch pods/ConfigMaps/nodes for the GPU ledger and
+    #: serve the bind verb (fractional pools); None: filter/prioritize only
+    kube_source: str | None = None
+    bind: BindConfig | None = None  # with kube_source
+    watch_timeout_seconds: int = 300
 
     def __post_init__(self) -> None:
         if not self.prefix.startswith("/") or (self.prefix.endswith("/") and self.prefix != "/"):
@@ -124,7 +142,7 @@ class ExtenderMetrics:
                           "GPUs with complete metrics in the last snapshot.", registry=r)
         self.policy_reloads = Counter("gpu_admission_extender_policy_reloads",
                                       "Policy file reloads by result.", ["result"], registry=r)
-        for verb in VERBS:
+        for verb in (*VERBS, BIND):
             self.latency.labels(verb)
         for result in ("success", "failure"):
             self.polls.labels(result)
@@ -158,6 +176,8 @@ class ExtenderState:
     policy: Policy
     started: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    kube: KubeState | None = None  # the ledger's watch, with kube_source
+    binder: Binder | None = None
 
 
 STATE = web.AppKey("extender_state", ExtenderState)
@@ -229,6 +249,32 @@ def decode_args(body: bytes) -> ExtenderArgs:
     return ExtenderArgs(pod, list(raw_names), None)
 
 
+@dataclass(frozen=True, slots=True)
+class BindingArgs:
+    """``ExtenderBindingArgs`` (extender/v1: no json tags, so the Go field names)."""
+
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+
+def decode_binding_args(body: bytes) -> BindingArgs:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ArgsError(f"body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ArgsError(f"body: expected an ExtenderBindingArgs object, got {_kind(data)}")
+    values = []
+    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+        value = data.get(key)
+        if not isinstance(value, str) or (not value and key != "PodUID"):
+            raise ArgsError(f"{key}: expected a non-empty string, got {_kind(value)}")
+        values.append(value)
+    return BindingArgs(*values)
+
+
 # --- encoding ---------------------------------------------------------------------------------
 
 def encode_filter(args: ExtenderArgs, result: FilterResult) -> bytes:
@@ -291,6 +337,13 @@ def decide(state: ExtenderState, verb: str, body: bytes) -> web.Response:
         return _error(400, str(exc))
     policy = state.policy
     placement = policy.spec.placement
+    share = fractional_share(args.pod)
+    if share is not None and state.kube is not None and state.kube.synced:
+        return decide_fractional(state, verb, args, share)
+    bad = fractional_error(args.pod)
+    if bad and verb == "filter":  # a broken fractional pod fits nowhere; the reason says why
+        return web.Response(body=encode_filter(args, FilterResult(
+            [], dict.fromkeys(args.names, bad))), content_type=JSON)
     demand = pod_demand(args.pod, policy)
     snapshot = state.poller.fresh_snapshot()
     neutral = neutral_reason(demand, snapshot)
@@ -307,6 +360,62 @@ def decide(state: ExtenderState, verb: str, body: bytes) -> web.Response:
     else:
         out = encode_priorities(score_nodes(demand, args.names, snapshot, placement))
     return web.Response(body=out, content_type=JSON)
+
+
+def decide_fractional(state: ExtenderState, verb: str, args: ExtenderArgs,
+                      share: int) -> web.Response:
+    """A fractional pod: decided on the GPU ledger (exact), scored with DCGM utilisation."""
+    kube_state = state.kube
+    assert kube_state is not None
+    ledger = kube_state.ledger
+    views = {name: ledger.view(name) for name in args.names}
+    labels = {name: ((kube_state.nodes.get(name) or {}).get("metadata") or {}).get("labels")
+              or {} for name in args.names}
+    if verb == "filter":
+        result = filter_fractional(share, args.names, views, labels, state.policy)
+        if result.failed:
+            state.metrics.filtered.inc(len(result.failed))
+            meta = args.pod.get("metadata")
+            state.log.info("nodes_filtered", pod=meta.get("name") if isinstance(meta, dict)
+                           else None, failed=result.failed, passed=len(result.passed),
+                           fractional_mib=share)
+        out = encode_filter(args, result)
+    else:
+        out = encode_priorities(score_fractional(share, args.names, views, labels,
+                                                 state.policy,
+                                                 snapshot=state.poller.fresh_snapshot()))
+    return web.Response(body=out, content_type=JSON)
+
+
+async def bind_handler(request: web.Request) -> web.Response:
+    """``ExtenderBindingArgs`` -> ``ExtenderBindingResult``. A bind that fails answers 200
+    with ``Error`` (kube-scheduler then forgets the pod's assumed placement and retries)."""
+    state = request.app[STATE]
+    start = time.perf_counter()
+    if request.content_type != JSON:
+        response = _error(415, f"Content-Type must be {JSON}, got "
+                               f"{request.headers.get('Content-Type', 'none')[:100]!r}")
+    else:
+        try:
+            args = decode_binding_args(await request.read())
+        except ArgsError as exc:
+            response = _error(400, str(exc))
+        else:
+            if state.binder is None:
+                error = ("gpu-admission extender: the bind verb needs --kube (a kubeconfig or "
+                         "in-cluster) and --namespace; not bound")
+            else:
+                try:
+                    error = await state.binder.bind(args.pod_namespace, args.pod_name,
+                                                    args.pod_uid, args.node)
+                except Exception:
+                    state.log.exception("bind_crashed", pod=f"{args.pod_namespace}/"
+                                        f"{args.pod_name}")
+                    error = "internal error in gpu-admission extender bind; see its log"
+            response = web.Response(body=orjson.dumps({"Error": error}), content_type=JSON)
+    state.metrics.requests.labels(BIND, str(response.status)).inc()
+    state.metrics.latency.labels(BIND).observe(time.perf_counter() - start)
+    return response
 
 
 async def filter_handler(request: web.Request) -> web.Response:
@@ -327,10 +436,14 @@ def status(state: ExtenderState) -> dict[str, Any]:
     snapshot = poller.snapshot
     age = (None if poller.last_success is None
            else round(poller.clock() - poller.last_success, 3))
-    return {"metrics": "stale" if poller.stale() else "fresh",
-            "gpu_nodes": len(snapshot.nodes) if snapshot else 0,
-            "gpus": snapshot.gpu_count if snapshot else 0,
-            "snapshot_age_seconds": age, "policy": state.policy.digest}
+    out: dict[str, Any] = {"metrics": "stale" if poller.stale() else "fresh",
+                           "gpu_nodes": len(snapshot.nodes) if snapshot else 0,
+                           "gpus": snapshot.gpu_count if snapshot else 0,
+                           "snapshot_age_seconds": age, "policy": state.policy.digest}
+    if state.kube is not None:
+        out["ledger"] = {"synced": state.kube.synced,
+                         "open_gpus": sum(len(g) for g in state.kube.ledger.usage().values())}
+    return out
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -356,7 +469,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def not_found(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    routes = ", ".join(f"POST {state.config.route(v)}" for v in VERBS)
+    routes = ", ".join(f"POST {state.config.route(v)}" for v in (*VERBS, BIND))
     return _error(404 if request.method in ("GET", "POST", "HEAD") else 405,
                   f"no such endpoint {request.method} {request.path[:100]!r}; {routes}, "
                   f"GET /healthz, /readyz, /metrics")
@@ -395,6 +508,10 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     cfg = state.config
     state.tasks.append(asyncio.create_task(state.poller.run(), name="poll-prometheus"))
+    if state.kube is not None and state.binder is not None:
+        state.kube.watcher.start()
+        state.tasks.append(asyncio.create_task(state.binder.housekeeping(),
+                                               name="gpu-housekeeping"))
     if cfg.policy_path is not None:
         watcher = FileWatcher("policy", [cfg.policy_path], cfg.reload_interval_seconds,
                               lambda: reload_policy(state), state.log)
@@ -410,6 +527,9 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     finally:
         state.started = False
         await cancel_tasks(state.tasks)
+        if state.kube is not None:
+            await state.kube.watcher.stop()
+            await asyncio.to_thread(state.kube.client.close)
         state.log.info("extender_stopped")
 
 
@@ -426,10 +546,18 @@ def create_app(config: ExtenderConfig, *,
     state = ExtenderState(config=config, log=log, metrics=ext_metrics, poller=poller,
                           policy=policy)
     ext_metrics.stale.set_function(lambda: 1.0 if poller.stale() else 0.0)
+    if config.kube_source is not None:
+        bind_config = config.bind or BindConfig(namespace="gpu-admission", image="gpu-admission")
+        kube_state = KubeState(api_client(config.kube_source, pool_size=16), bind_config,
+                               BindMetrics(ext_metrics.registry), log,
+                               lambda: state.policy, config.watch_timeout_seconds)
+        state.kube = kube_state
+        state.binder = Binder(kube_state)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[STATE] = state
     app.router.add_post(config.route("filter"), filter_handler)
     app.router.add_post(config.route("prioritize"), prioritize_handler)
+    app.router.add_post(config.route(BIND), bind_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -23,7 +23,9 @@ from gpu_admission.extender.app import (
     create_app,
     create_probe_app,
 )
+from gpu_admission.extender.binder import BindConfig
 from gpu_admission.extender.gpustate import DEFAULT_NODE_LABEL
+from gpu_admission.kube.client import KubeSourceError
 from gpu_admission.policy.model import PolicyError
 from gpu_admission.server.logs import LEVELS, make_logger, route_library_logs_to_stderr
 from gpu_admission.server.wire import parse_go_duration
@@ -86,22 +88,51 @@ def _prefix(ctx: click.Context | None, param: click.Parameter | None, value: str
               help="URL path before /filter and /prioritize (the urlPrefix path).")
 @click.option("--reload-interval", type=click.FloatRange(min=0.05), default=1.0,
               show_default=True, help="Seconds between checks of the policy file.")
+@click.option("--kube", "kube_source", default=None, metavar="in-cluster|KUBECONFIG",
+              help="Fractional GPU pools: watch pods, ConfigMaps and nodes for the GPU ledger "
+                   "and serve the bind verb, with the pod's ServiceAccount (in-cluster) or a "
+                   "kubeconfig. Default: off (filter and prioritize only).")
+@click.option("--namespace", default="gpu-admission", show_default=True,
+              help="Install namespace: reservation pods are created here.")
+@click.option("--reservation-image", default="", show_default=False,
+              help="Image of reservation pods (the project's image; runs `gpu-admission "
+                   "reserve`). Default: this extender container's own image, read from its "
+                   "pod (env POD_NAME/POD_NAMESPACE from the downward API).")
+@click.option("--reservation-service-account", default="gpu-admission-reservation",
+              show_default=True, help="ServiceAccount of reservation pods (may patch pods "
+              "in --namespace).")
+@click.option("--reservation-timeout", default="60s", show_default=True, callback=_duration,
+              help="How long bind waits for a new reservation pod to publish its GPU UUID.")
+@click.option("--leader-lease", default="", metavar="NAMESPACE/NAME",
+              help="kube-scheduler's leader-election Lease: only the replica whose pod "
+                   "(env POD_NAME) holds it deletes empty reservation pods and advertises "
+                   "node memory. Default: every replica.")
 @click.option("--log-level", type=click.Choice(LEVELS), default="info", show_default=True)
 def extender(  # noqa: PLR0917 (click passes every option)
         policy_path: Path | None, prometheus: str, interval: float, window: str,
              stale_after: int, node_label: str, host: str, port: int, metrics_port: int,
-             prefix: str, reload_interval: float, log_level: str) -> None:
-    """Serve the kube-scheduler extender (filter, prioritize) until SIGTERM/SIGINT."""
+             prefix: str, reload_interval: float, kube_source: str | None, namespace: str,
+             reservation_image: str, reservation_service_account: str,
+             reservation_timeout: float, leader_lease: str, log_level: str) -> None:
+    """Serve the kube-scheduler extender (filter, prioritize; bind with --kube) until
+    SIGTERM/SIGINT."""
+    bind = BindConfig(namespace=namespace, image=reservation_image,
+                      reservation_timeout_seconds=reservation_timeout,
+                      service_account=reservation_service_account,
+                      leader_lease=leader_lease)
     config = ExtenderConfig(prometheus_url=prometheus, interval_seconds=interval,
                             window=window, node_label=node_label,
                             stale_after_intervals=stale_after, policy_path=policy_path,
-                            prefix=prefix, reload_interval_seconds=reload_interval)
+                            prefix=prefix, reload_interval_seconds=reload_interval,
+                            kube_source=kube_source, bind=bind)
     logger = make_logger(log_level)
     route_library_logs_to_stderr(log_level)
     try:
         app = create_app(config, logger=logger)
     except PolicyError as exc:
         raise click.ClickException(f"invalid policy {policy_path}: {exc}") from None
+    except KubeSourceError as exc:
+        raise click.ClickException(f"--kube: {exc}") from None
     try:
         asyncio.run(_serve(app, host, port, metrics_port or None))
     except OSError as exc:

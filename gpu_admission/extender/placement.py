@@ -128,6 +128,11 @@ def _round_half_away(value: float) -> int:
     return int(value + 0.5) if value >= 0 else -int(-value + 0.5)
 
 
+def round_half_away(value: float) -> int:
+    """Go's ``math.Round`` (half away from zero), as kube-scheduler's scores round."""
+    return _round_half_away(value)
+
+
 def to_extender_score(node_score: int) -> int:
     """0..100 -> 0..10 (MaxNodeScore / MaxExtenderPriority), rounded, clamped."""
     return max(0, min(MAX_SCORE, _round_half_away(node_score * MAX_SCORE / MAX_NODE_SCORE)))

@@ -420,6 +420,63 @@ class RuleModes(_Model):
         return {rule: getattr(self, rule.replace("-", "_")) for rule in RULE_IDS}
 
 
+def _idle_hours(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 24:
+        raise PydanticCustomError("idle_hours", "expected a number of hours in (0, 24], got "
+                                  "{got}", {"got": _got(value)})
+    return float(value)
+
+
+def _working_hours(value: Any) -> str:
+    # The report's parser (one definition of working hours); pure, no I/O.
+    from gpu_admission.report.timeframe import WorkingHours  # noqa: PLC0415 - no cycle at import
+
+    if not isinstance(value, str):
+        raise PydanticCustomError("working_hours", 'expected a string like "Mon-Fri 08:00-18:00",'
+                                  " got {got}", {"got": _got(value)})
+    try:
+        return WorkingHours.parse(value).text
+    except ValueError as exc:
+        raise PydanticCustomError("working_hours", "{message}", {
+            "message": str(exc).removeprefix("--working-hours: ")}) from None
+
+
+def _time_zone(value: Any) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # noqa: PLC0415
+
+    try:
+        ZoneInfo(value if isinstance(value, str) else "")
+    except (ZoneInfoNotFoundError, ValueError):
+        raise PydanticCustomError("time_zone", "expected an IANA time zone like UTC or "
+                                  "Europe/Berlin, got {got}", {"got": _got(value)}) from None
+    return str(value)
+
+
+def _default_reclaimed() -> list[WorkloadClass]:
+    return ["notebook", "inference"]
+
+
+class Reclaim(_Model):
+    """``gpu-admission reclaim`` (docs/reclaim.md): when an idle GPU pod gets a notice and,
+    in namespaces labelled ``gpu-admission.io/reclaim: scale-down``, its owner is scaled
+    down. Idle is the report's definition: SM utilisation under
+    ``spec.placement.idleBelowPercent`` for a run of at least ``idleHours`` of
+    ``workingHours`` in ``timeZone`` (the report's ``--working-hours``/``--tz`` syntax)."""
+
+    # Hours (of working time) a pod's GPU must have been idle before the notice.
+    idle_hours: Annotated[float, BeforeValidator(_idle_hours)] = Field(default=2.0,
+                                                                       alias="idleHours")
+    working_hours: Annotated[str, BeforeValidator(_working_hours)] = Field(
+        default="Mon-Fri 08:00-18:00", alias="workingHours")
+    time_zone: Annotated[str, BeforeValidator(_time_zone)] = Field(default="UTC",
+                                                                   alias="timeZone")
+    # Minutes between the notice and the scale-down.
+    grace_minutes: NonNegativeInt = Field(default=60, alias="graceMinutes")
+    workloads: list[WorkloadClass] = Field(default_factory=_default_reclaimed)
+    # Scale-downs per controller interval, at most.
+    max_actions_per_interval: NonNegativeInt = Field(default=5, alias="maxActionsPerInterval")
+
+
 class PolicySpec(_Model):
     scheduler_name: StrictStr | None = Field(default="gpu-aware-scheduler", alias="schedulerName")
     node_pools: list[NodePool] = Field(default_factory=list, alias="nodePools")
@@ -430,7 +487,8 @@ class PolicySpec(_Model):
     placement: Placement = Field(default_factory=Placement)
     rules: RuleModes = Field(default_factory=RuleModes)
     dra: Dra = Field(default_factory=Dra)
-    # Other GPU-sharing systems the cluster runs (docs: README "Other GPU-sharing systems"):
+    reclaim: Reclaim = Field(default_factory=Reclaim)
+    # Other GPU-sharing systems the cluster runs (README, spec.otherSharingSystems):
     # their pods are GPU pods that keep the env their system writes. Off by default.
     other_sharing_systems: list[SharingSystem] = Field(default_factory=list,
                                                        alias="otherSharingSystems")

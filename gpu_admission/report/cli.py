@@ -20,6 +20,7 @@ import click
 
 from gpu_admission.policy.model import PolicyError, default_policy, load_policy
 from gpu_admission.prom import PromError, PrometheusClient
+from gpu_admission.reclaim.plan import preview
 from gpu_admission.report.compute import Options, build_report, to_json
 from gpu_admission.report.query import NoDataError, Progress, fetch
 from gpu_admission.report.render import render_csv, render_json, render_table
@@ -120,6 +121,8 @@ def report(  # noqa: PLR0917 (click passes every option)
         client.close()
     result = build_report(fetched, Options(threshold, hours, zone, policy))
     doc = to_json(result)
+    # what `gpu-admission reclaim` would do with the pods idle at the end of the range
+    doc["reclaim"] = preview(fetched, policy)
     if output == "json":
         text = render_json(doc)
     elif output == "csv":

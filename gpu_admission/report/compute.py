@@ -109,19 +109,36 @@ def p95(values: Sequence[float]) -> float | None:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+def idle_flags(util: Sequence[float], working: Sequence[int], threshold: float) -> list[bool]:
+    """Per instant: a sample exists (not NaN), is **under** ``threshold`` % and lies inside
+    working hours. The one definition of an idle instant (the report and
+    ``gpu-admission reclaim`` both call it)."""
+    return [v < threshold and w == 1 for v, w in zip(util, working, strict=True)]  # NaN < x: False
+
+
+def idle_runs(idle: Iterable[bool], step: int,
+              minimum: int = MIN_IDLE_SECONDS) -> list[tuple[int, int]]:
+    """Inclusive ``(first, last)`` instant indices of the runs of consecutive idle instants
+    that last at least ``minimum`` seconds (``run x step``), oldest first."""
+    runs: list[tuple[int, int]] = []
+    start = -1
+    i = -1
+    for i, flag in enumerate(idle):
+        if flag:
+            if start < 0:
+                start = i
+            continue
+        if start >= 0 and (i - start) * step >= minimum:
+            runs.append((start, i - 1))
+        start = -1
+    if start >= 0 and (i + 1 - start) * step >= minimum:
+        runs.append((start, i))
+    return runs
+
+
 def idle_run_seconds(idle: Iterable[bool], step: int, minimum: int = MIN_IDLE_SECONDS) -> int:
     """Seconds in runs of consecutive idle instants that last at least ``minimum`` seconds."""
-    total = run = 0
-    for flag in idle:
-        if flag:
-            run += 1
-            continue
-        if run * step >= minimum:
-            total += run * step
-        run = 0
-    if run * step >= minimum:
-        total += run * step
-    return total
+    return sum((last - first + 1) * step for first, last in idle_runs(idle, step, minimum))
 
 
 def _mean(total: float, count: int) -> float | None:
@@ -151,8 +168,7 @@ def build_report(fetched: Fetched, options: Options) -> Report:
         allocated = _any(data.holders.values(), rng.points)
         a_sum = sum(v for v, a in zip(util, allocated, strict=True) if a)
         a_n = sum(allocated)
-        idle = [p and v < threshold and w == 1
-                for p, v, w in zip(present, util, working, strict=True)]
+        idle = idle_flags(util, working, threshold)
         idle_s = idle_run_seconds(idle, step)
         missing = rng.points - len(values)
         if missing:

@@ -118,4 +118,14 @@ def render_table(doc: dict[str, Any]) -> str:
                 ["after (estimate)", s["gpusNeeded"], s["utilizationPercent"]]], {1, 2}),
         "method: " + s["method"],
     ]
+    if doc.get("reclaim"):
+        parts += [
+            "",
+            "What `gpu-admission reclaim` would do (policy spec.reclaim, the last 24 h):",
+            _table(["namespace", "pod", "gpus", "idle since", "idle h", "action", "at",
+                    "scale-down at (if opted in)"],
+                   [[r["namespace"], r["pod"], r["gpus"], r["idleSince"],
+                     r["idleHoursWorking"], r["action"], r["noticeAt"], r["scaleDownAt"]]
+                    for r in doc["reclaim"]], {4}),
+        ]
     return "\n".join(parts) + "\n"

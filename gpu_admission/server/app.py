@@ -390,15 +390,20 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: certificate and policy loaded (``create_app`` fails otherwise), background
-    reloaders and decision log running, and not shutting down."""
+    reloaders and decision log running, the DRA cache (when configured) synced, and not
+    shutting down. The body names the DRA API version watched."""
     state = request.app[STATE]
     reasons = state.not_ready_reasons()
     state.metrics.ready.set(0 if reasons else 1)
     if reasons:
         return web.Response(status=503, content_type=JSON,
                             body=orjson.dumps({"status": "not ready", "reasons": reasons}))
-    return web.Response(body=orjson.dumps({"status": "ready", "policy": state.policy_digest}),
-                        content_type=JSON)
+    body: dict[str, Any] = {"status": "ready", "policy": state.policy_digest}
+    if state.dra is not None:
+        # which resource.k8s.io version the DRA cache watches (v1, v1beta2 or v1beta1, by
+        # discovery; "none" when the cluster serves no DRA API)
+        body["dra"] = {"apiVersion": state.dra.api_version}
+    return web.Response(body=orjson.dumps(body), content_type=JSON)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -206,7 +206,7 @@ def check_scheduler_disabled(docs: Docs, tmp_path: Path) -> None:
                 if d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
                 == "scheduler"]
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"] == \
-        ["gpu-admission"]
+        ["gpu-admission", "gpu-admission-reclaim"]  # reclaim: its own value
 
 
 def check_extender_disabled(docs: Docs, tmp_path: Path) -> None:
@@ -438,7 +438,8 @@ def check_scheduler_refs(docs: Docs, ns: str, tmp_path: Path) -> None:
     assert policy_of(docs, tmp_path).spec.scheduler_name in ("", profile["schedulerName"])
     lease = config["leaderElection"]
     assert lease["resourceNamespace"] == ns and lease["resourceName"] != "kube-scheduler"
-    role = component(docs, "Role", "scheduler")
+    (role,) = [d for d in docs if d["kind"] == "Role"
+               and d["metadata"]["name"] == f"{lease['resourceName']}-lease"]
     assert [r.get("resourceNames") for r in role["rules"]] == [None, [lease["resourceName"]]]
     sa = spec["serviceAccountName"]
     bound = [b for b in docs if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
@@ -446,12 +447,16 @@ def check_scheduler_refs(docs: Docs, ns: str, tmp_path: Path) -> None:
     assert {s["name"] for b in bound for s in b["subjects"]} == {sa}
     assert {b["roleRef"]["name"] for b in bound} == {
         "system:kube-scheduler", "system:volume-scheduler",
-        "extension-apiserver-authentication-reader", role["metadata"]["name"]}
+        "extension-apiserver-authentication-reader", role["metadata"]["name"],
+        # fractional GPU pools: the ledger and bind, reservation pods
+        f"{lease['resourceName']}-fractional", f"{lease['resourceName']}-reservations"}
     extenders = config.get("extenders", [])
     if "extender" not in containers:
         assert extenders == [] and "policy" not in volumes
         return
-    (ext,) = extenders
+    ext, frac = extenders
+    assert frac["urlPrefix"] == ext["urlPrefix"] and frac["bindVerb"] == "bind"
+    assert flag(containers["extender"]["args"], "--namespace") == ns  # reservation pods
     args = containers["extender"]["args"]
     assert args[0] == "extender"
     known_options(extender, args[1:])
@@ -476,7 +481,8 @@ def test_objects_refer_to_each_other(case: str, rendered: dict[str, Docs],
     secret, names = check_webhook_refs(docs, ns)
     check_certificate_refs(docs, ns, secret, names)
     if [d for d in docs if d["kind"] == "Deployment" and d is not
-            component(docs, "Deployment", "webhook")]:
+            component(docs, "Deployment", "webhook")
+            and d["metadata"]["labels"].get("app.kubernetes.io/component") != "reclaim"]:
         check_scheduler_refs(docs, ns, tmp_path)
     service = one(docs, "Service")
     for monitor in (d for d in docs if d["kind"] == "ServiceMonitor"):

@@ -103,8 +103,8 @@ ERRORS = [
                  'spec.nodePools[0].cudaVersion: expected a quoted "<major>.<minor>" string '
                  'like "12.1", got 12.1', id="unquoted-cuda-float"),
     pytest.param({"nodePools": [_pool(sharing="timeslicing")]},
-                 "spec.nodePools[0].sharing: expected 'none', 'time-slicing', 'mps', 'mig' or 'fractional', "
-                 'got "timeslicing"', id="bad-sharing"),
+                 "spec.nodePools[0].sharing: expected 'none', 'time-slicing', 'mps', 'mig' or "
+                 "'fractional', got \"timeslicing\"", id="bad-sharing"),
     pytest.param({"nodePools": [_pool(nodeSelector={})]},
                  "spec.nodePools[0].nodeSelector: expected at least 1 entries, got {}",
                  id="empty-selector"),

@@ -39,6 +39,7 @@ from tests.install.test_manifests import (
     one,
     render,
 )
+from tests.kube_api_support import api_in_thread
 from tests.server_support import free_port, sigterm_and_collect
 
 NS = "gpu-admission"
@@ -125,7 +126,18 @@ def test_scheduler_objects_match_the_openapi_schema(docs: list[dict[str, Any]],
         "ClusterRoleBinding/gpu-aware-scheduler-as-volume-scheduler",
         "RoleBinding/gpu-aware-scheduler-extension-apiserver-authentication-reader",
         "Role/gpu-aware-scheduler-lease", "RoleBinding/gpu-aware-scheduler-lease",
-        "Deployment/gpu-aware-scheduler", "PodDisruptionBudget/gpu-aware-scheduler"])
+        "Deployment/gpu-aware-scheduler", "PodDisruptionBudget/gpu-aware-scheduler",
+        # fractional GPU pools
+        "ClusterRole/gpu-aware-scheduler-fractional",
+        "ClusterRoleBinding/gpu-aware-scheduler-fractional",
+        "Role/gpu-aware-scheduler-reservations", "RoleBinding/gpu-aware-scheduler-reservations",
+    ])
+    reservation = [d for d in docs if d["metadata"].get("labels", {}).get(
+        "app.kubernetes.io/component") == "gpu-reservation"]
+    assert sorted(f"{d['kind']}/{d['metadata']['name']}" for d in reservation) == [
+        "Role/gpu-admission-reservation", "RoleBinding/gpu-admission-reservation",
+        "ServiceAccount/gpu-admission-reservation"]
+    objects += reservation
     for doc in objects:
         assert doc["apiVersion"] in BUILTIN_GROUPS
         kubernetes_validate.validate(doc, version, strict=True)
@@ -185,7 +197,7 @@ def test_profile_name_is_the_policys_scheduler_name(docs: list[dict[str, Any]],
 def test_extender_entry_matches_the_real_extender(docs: list[dict[str, Any]]) -> None:
     """urlPrefix host/port/path = the sidecar's --host/--port/--prefix; urlPrefix + "/" +
     verb (pkg/scheduler/extender.go send) are routes of the real app built from the args."""
-    (ext,) = config(docs)["extenders"]
+    ext, _ = config(docs)["extenders"]
     args = sidecar_args(docs)
     known_options(extender_command, args)
     url = urlsplit(ext["urlPrefix"])
@@ -205,6 +217,69 @@ def test_extender_entry_matches_the_real_extender(docs: list[dict[str, Any]]) ->
     timeout = parse_go_duration(ext["httpTimeout"])
     assert timeout is not None and 0 < timeout <= 5
     assert {"name": "nvidia.com/gpu", "ignoredByScheduler": False} in ext["managedResources"]
+
+
+def test_fractional_extender_entry_binds(docs: list[dict[str, Any]]) -> None:
+    """The second entry (same sidecar) filters, scores and binds the pods requesting
+    gpu-admission.io/gpu-memory: bindVerb is a route of the real app, it is the only binder
+    (kube-scheduler's validation: at most one extender may bind), and its httpTimeout covers
+    the sidecar's --reservation-timeout (bind waits for a reservation pod's UUID)."""
+    whole, frac = config(docs)["extenders"]
+    assert frac["bindVerb"] == "bind"
+    assert [e.get("bindVerb") for e in config(docs)["extenders"]].count(None) == 1
+    assert frac["urlPrefix"] == whole["urlPrefix"]
+    args = sidecar_args(docs)
+    app = create_app(extender_config(args))
+    routes = {(r.method, r.resource.canonical) for r in app.router.routes()
+              if r.resource is not None}
+    path = urlsplit(frac["urlPrefix"]).path.rstrip("/")
+    for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
+        assert ("POST", f"{path}/{frac[verb]}") in routes, verb
+    assert frac["managedResources"] == [{"name": "gpu-admission.io/gpu-memory",
+                                         "ignoredByScheduler": False}]
+    assert frac["ignorable"] is False and frac["nodeCacheCapable"] is True
+    timeout = parse_go_duration(frac["httpTimeout"])
+    reservation = parse_go_duration(flag(args, "--reservation-timeout"))
+    assert timeout is not None and reservation is not None and timeout > reservation + 5
+    assert flag(args, "--kube") == "in-cluster" and flag(args, "--namespace") == NS
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+           for e in containers(docs)["extender"]["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+
+
+def rules_of(docs: list[dict[str, Any]], sa: str, namespace: str) -> set[tuple[str, str, str]]:
+    """(namespace or "*", resource, verb) granted to ServiceAccount ``sa`` by this install's
+    own Roles and ClusterRoles."""
+    out = set()
+    for b in docs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding") or not any(
+                s["name"] == sa and s["namespace"] == namespace for s in b["subjects"]):
+            continue
+        found = [d for d in docs if d["kind"] == b["roleRef"]["kind"]
+                 and d["metadata"]["name"] == b["roleRef"]["name"]]
+        for role in found:
+            where = role["metadata"].get("namespace", "*")
+            for rule in role["rules"]:
+                if rule["apiGroups"] == [""]:
+                    out |= {(where, r, v) for r in rule["resources"] for v in rule["verbs"]}
+    return out
+
+
+def test_fractional_rbac(docs: list[dict[str, Any]]) -> None:
+    """What bind and the ledger call (gpu_admission/extender/binder.py), and what
+    `gpu-admission reserve` calls, granted exactly where needed."""
+    granted = rules_of(docs, SCHEDULER, NS)
+    needed = {("*", "pods", "list"), ("*", "pods", "watch"), ("*", "pods", "get"),
+              ("*", "nodes", "list"), ("*", "nodes", "watch"), ("*", "pods/binding", "create"),
+              ("*", "configmaps", "create"), ("*", "configmaps", "get"),
+              ("*", "configmaps", "delete"), ("*", "configmaps", "list"),
+              ("*", "configmaps", "watch"), ("*", "nodes/status", "patch"),
+              (NS, "pods", "create"), (NS, "pods", "delete"), (NS, "pods", "patch")}
+    assert needed <= granted, needed - granted
+    assert ("*", "pods", "create") not in granted  # reservation pods: install namespace only
+    reserve = rules_of(docs, "gpu-admission-reservation", NS)
+    assert reserve == {(NS, "pods", "get"), (NS, "pods", "patch")}
+    one(docs, "ServiceAccount", "gpu-admission-reservation")
 
 
 def test_leader_election_lease_and_rbac(docs: list[dict[str, Any]]) -> None:
@@ -227,7 +302,9 @@ def test_leader_election_lease_and_rbac(docs: list[dict[str, Any]]) -> None:
         ("ClusterRoleBinding", None, "ClusterRole", "system:kube-scheduler"),
         ("ClusterRoleBinding", None, "ClusterRole", "system:volume-scheduler"),
         ("RoleBinding", "kube-system", "Role", "extension-apiserver-authentication-reader"),
-        ("RoleBinding", NS, "Role", "gpu-aware-scheduler-lease")}
+        ("RoleBinding", NS, "Role", "gpu-aware-scheduler-lease"),
+        ("ClusterRoleBinding", None, "ClusterRole", "gpu-aware-scheduler-fractional"),
+        ("RoleBinding", NS, "Role", "gpu-aware-scheduler-reservations")}
 
 
 def test_deployment_layout(docs: list[dict[str, Any]]) -> None:
@@ -291,9 +368,12 @@ def test_sidecar_args_start_the_real_extender(docs: list[dict[str, Any]],
     policy = tmp_path / "policy.yaml"
     policy.write_text(one(docs, "ConfigMap", "gpu-admission-policy")["data"]["policy.yaml"])
     port, metrics_port = free_port(), free_port()
+    api = api_in_thread(tmp_path)
+    kubeconfig = api.__enter__()  # the fake API server stands in for in-cluster
     mapping = {flag(args, "--policy"): str(policy),
                flag(args, "--prometheus"): f"http://127.0.0.1:{free_port()}",
-               flag(args, "--port"): str(port), flag(args, "--metrics-port"): str(metrics_port)}
+               flag(args, "--port"): str(port), flag(args, "--metrics-port"): str(metrics_port),
+               flag(args, "--kube"): str(kubeconfig)}
     local = [mapping.get(a, a) for a in args]
     proc = subprocess.Popen([sys.executable, "-m", "gpu_admission", "extender", *local],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -311,6 +391,11 @@ def test_sidecar_args_start_the_real_extender(docs: list[dict[str, Any]],
         assert post(f"http://127.0.0.1:{metrics_port}{prefix}/filter", body)[0] == 404
         code, reply = post(f"http://127.0.0.1:{port}{prefix}/filter", body)
         assert (code, reply["NodeNames"], reply["FailedNodes"]) == (200, ["gpu-1"], {})
+        # the bind verb answers ExtenderBindingResult (the pod is not in this API: an Error)
+        code, reply = post(f"http://127.0.0.1:{port}{prefix}/bind", {
+            "PodName": "p", "PodNamespace": "t", "PodUID": "u", "Node": "gpu-1"})
+        assert code == 200 and reply["Error"].startswith("binding t/p to gpu-1: HTTP 404")
     finally:
         err = sigterm_and_collect(proc)
+        api.__exit__(None, None, None)
     assert proc.returncode == 0, err

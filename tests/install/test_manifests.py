@@ -154,7 +154,18 @@ SCHEDULER_OBJECTS = [
     "ClusterRoleBinding/gpu-aware-scheduler-as-volume-scheduler",
     f"RoleBinding/{SCHEDULER_AUTH_READER}", "Role/gpu-aware-scheduler-lease",
     "RoleBinding/gpu-aware-scheduler-lease", "Deployment/gpu-aware-scheduler",
-    "PodDisruptionBudget/gpu-aware-scheduler"]
+    "PodDisruptionBudget/gpu-aware-scheduler",
+    # fractional GPU pools: the extender's ledger and bind, reservation pods
+    "ClusterRole/gpu-aware-scheduler-fractional",
+    "ClusterRoleBinding/gpu-aware-scheduler-fractional",
+    "Role/gpu-aware-scheduler-reservations", "RoleBinding/gpu-aware-scheduler-reservations",
+    "ServiceAccount/gpu-admission-reservation", "Role/gpu-admission-reservation",
+    "RoleBinding/gpu-admission-reservation"]
+# gpu-admission reclaim (checked in tests/reclaim/test_reclaim_manifests.py)
+RECLAIM_OBJECTS = [
+    "ServiceAccount/gpu-admission-reclaim", "ClusterRole/gpu-admission-reclaim",
+    "ClusterRoleBinding/gpu-admission-reclaim", "Role/gpu-admission-reclaim-lease",
+    "RoleBinding/gpu-admission-reclaim-lease", "Deployment/gpu-admission-reclaim"]
 
 
 def test_base_kinds_and_namespaces() -> None:
@@ -170,7 +181,7 @@ def test_base_kinds_and_namespaces() -> None:
         "MutatingWebhookConfiguration/gpu-admission",
         "ValidatingWebhookConfiguration/gpu-admission", "Job/gpu-admission-install-certs",
         "CronJob/gpu-admission-install-certs",
-        *SCHEDULER_OBJECTS])
+        *SCHEDULER_OBJECTS, *RECLAIM_OBJECTS])
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding",
                       "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
     for d in docs:
@@ -578,7 +589,8 @@ def test_every_container_is_hardened_and_bounded() -> None:
     templates = pod_templates(docs)
     assert {name for name, _ in templates} == {
         "Deployment/gpu-admission", "Job/gpu-admission-install-certs",
-        "CronJob/gpu-admission-install-certs", "Deployment/gpu-aware-scheduler"}
+        "CronJob/gpu-admission-install-certs", "Deployment/gpu-aware-scheduler",
+        "Deployment/gpu-admission-reclaim"}
     for name, template in templates:
         pod_sc = template["spec"]["securityContext"]
         assert pod_sc["runAsNonRoot"] is True, name
@@ -606,7 +618,11 @@ def test_rbac_is_least_privilege() -> None:
     assert one(docs, "Deployment", "gpu-admission")["spec"]["template"]["spec"][
         "automountServiceAccountToken"] is True
     bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
-                and not d["metadata"]["name"].startswith("gpu-aware-scheduler")]
+                # the scheduler's, the reservation pods' and reclaim's own: tests/extender,
+                # tests/reclaim
+                and not d["metadata"]["name"].startswith(("gpu-aware-scheduler",
+                                                          "gpu-admission-reservation",
+                                                          "gpu-admission-reclaim"))]
     bound = {s["name"] for b in bindings for s in b["subjects"]}
     assert bound == {job_sa, server_sa}
     server_refs = [b["roleRef"] for b in bindings
