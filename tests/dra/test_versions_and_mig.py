@@ -298,3 +298,27 @@ def test_the_v1beta1_writer_writes_what_the_schema_says() -> None:
     for obj in (v1beta1(t) for t in TEMPLATES if "capacity" not in json.dumps(t)):
         kubernetes_validate.validate(obj, "1.32", strict=True)
 
+
+
+async def test_a_cluster_serving_only_v1beta1_decides_as_v1(
+        tmp_path_factory: pytest.TempPathFactory, offline: dict[str, dict[str, Any]]) -> None:
+    """Kubernetes 1.32 serves resource.k8s.io/v1beta1 only: the cache watches that version
+    (tests/dra/test_served_version.py) and hands the v1beta1 objects on; every v1beta1 pod of
+    the pairs gets the decision and patch ``evaluate`` gives the v1 pod of its pair."""
+    tmp = tmp_path_factory.mktemp("v1beta1-only")
+    (tmp / "policy.yaml").write_text(POLICY_YAML)
+    secret = SecretDir(tmp / "certs", new_bundle())
+    async with running_api(tmp) as (api, kubeconfig):
+        api.dra_versions = ["v1beta1"]
+        api.apply(*(o for o in OBJECTS if o["kind"] == "DeviceClass"
+                    or o["apiVersion"] == "resource.k8s.io/v1beta1"))
+        config = make_config(secret, policy_path=tmp / "policy.yaml",
+                             dra_source=str(kubeconfig))
+        async with running_server(config, secret.bundles[0].ca_pem) as running:
+            await poll_until(lambda: running.state.dra is not None and running.state.dra.synced,
+                             within=20)
+            for pair in (p for p in PAIRS if p.same_paths):
+                response = await admit(running, pair.a)
+                row = offline[pair.b["metadata"]["name"]]  # the v1 pod's row
+                assert response["allowed"] is row["allowed"], pair.id
+                assert env_of(patch_of(response)) == env_of(row["patch"]), pair.id
