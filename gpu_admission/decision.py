@@ -31,6 +31,8 @@ class RequestFacts:
     groups: tuple[str, ...] = ()
     dry_run: bool = False
     stage: Stage = "mutate"
+    # AdmissionReview request.uid: names a fractional pod's ConfigMap (gpu_admission.fractional)
+    uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ from gpu_admission.cuda import normalize_version
 from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
 from gpu_admission.dra.analysis import DraPod, analyze_pod, needs_analysis
 from gpu_admission.dra.model import DraSnapshot
+from gpu_admission.fractional import ANNOTATION_PATH, NOT_FRACTIONAL, Fraction, Plan
+from gpu_admission.fractional import plan as fraction_plan
 from gpu_admission.patch import REQUIRED, PatchBuilder, changed_fields
 from gpu_admission.policy.model import Compiled, NodePool, Policy
 from gpu_admission.rules import RULES, Context, GpuContainer
@@ -50,6 +52,8 @@ from gpu_admission.vocab import (
     CUDA_VERSION_LABEL,
     GFD_PRODUCT,
     GFD_SHARING_STRATEGY,
+    GPU_MEMORY_ANNOTATION,
+    GPU_MEMORY_RESOURCE,
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
     MUTATED_ANNOTATION,
@@ -70,7 +74,9 @@ _ALLOWED = Decision(allowed=True)
 
 
 def is_gpu_resource(name: str) -> bool:
-    """``nvidia.com/gpu``, ``nvidia.com/gpu.shared``, ``nvidia.com/mig-<g>g.<N>gb[.shared]``."""
+    """``nvidia.com/gpu``, ``nvidia.com/gpu.shared``, ``nvidia.com/mig-<g>g.<N>gb[.shared]``.
+    (A fractional GPU's ``gpu-admission.io/gpu-memory`` counts only under a policy with a
+    fractional pool: :func:`gpu_containers`.)"""
     return name in _FULL_GPU_RESOURCES or name.startswith(MIG_RESOURCE_PREFIX)
 
 
@@ -80,7 +86,14 @@ def _zero(quantity: Any) -> bool:
     return quantity == 0 or (isinstance(quantity, str) and quantity.strip() in {"0", ""})
 
 
-def _gpu_resources(container: Mapping[str, Any]) -> dict[str, Any] | None:
+def has_fractional_pools(policy: Policy) -> bool:
+    """Whether the policy has a ``sharing: fractional`` pool. Without one, fractional GPUs
+    do not exist for the engine: ``gpu-admission.io/gpu-memory`` (annotation or resource)
+    means nothing, exactly as for the compiled policies, which refuse fractional pools."""
+    return any(pool.sharing == "fractional" for pool in policy.compiled.pools)
+
+
+def _gpu_resources(container: Mapping[str, Any], fractional: bool) -> dict[str, Any] | None:
     resources = container.get("resources")
     if not isinstance(resources, dict):
         return None
@@ -93,15 +106,18 @@ def _gpu_resources(container: Mapping[str, Any]) -> dict[str, Any] | None:
             for name, quantity in values.items():
                 # is_gpu_resource, inlined: this loop sees every resource of every container
                 if ((name in _FULL_GPU_RESOURCES or (name.__class__ is str and name.startswith(
-                        MIG_RESOURCE_PREFIX))) and not _zero(quantity)):
+                        MIG_RESOURCE_PREFIX)) or (fractional and name == GPU_MEMORY_RESOURCE))
+                        and not _zero(quantity)):
                     if found is None:
                         found = {}
                     found[name] = quantity
     return found
 
 
-def gpu_containers(spec: Mapping[str, Any]) -> list[GpuContainer]:
-    """Containers and init containers that request or limit a GPU resource.
+def gpu_containers(spec: Mapping[str, Any], fractional: bool = False) -> list[GpuContainer]:
+    """Containers and init containers that request or limit a GPU resource; with
+    ``fractional`` (the policy has a fractional pool, :func:`has_fractional_pools`) also
+    ``gpu-admission.io/gpu-memory``, a fractional GPU's share.
 
     Ephemeral containers cannot have resources (Kubernetes API: "Resources are not allowed
     for ephemeral containers") and are ignored.
@@ -114,13 +130,14 @@ def gpu_containers(spec: Mapping[str, Any]) -> list[GpuContainer]:
         for index, container in enumerate(items):
             if not isinstance(container, dict):
                 continue
-            found = _gpu_resources(container)
+            found = _gpu_resources(container, fractional)
             if found:
                 shared = mig = False
                 for name in found:
                     shared = shared or name.endswith(SHARED_SUFFIX)
                     mig = mig or name.startswith(MIG_RESOURCE_PREFIX)
-                out.append(GpuContainer(kind, index, container, found, shared=shared, mig=mig))
+                out.append(GpuContainer(kind, index, container, found, shared=shared, mig=mig,
+                                        fractional=GPU_MEMORY_RESOURCE in found))
     return out
 
 
@@ -217,7 +234,7 @@ def _find_pool(compiled: Compiled, own: Mapping[str, Any], routed: Mapping[str, 
 
 def _shared_reasons(gcs: list[GpuContainer], selector: Mapping[str, Any],
                     terms_in: list[dict[str, set[str]]],
-                    pool: NodePool | None) -> list[tuple[str, str]]:
+                    pool: NodePool | None, plan: Plan) -> list[tuple[str, str]]:
     reasons: list[tuple[str, str]] = []
     for gc in gcs:
         if gc.shared:
@@ -239,6 +256,8 @@ def _shared_reasons(gcs: list[GpuContainer], selector: Mapping[str, Any],
                             f"node affinity {what}"))
     if pool is not None and pool.shared:
         reasons.append(("spec.nodeSelector", f"pool {pool.name} is {pool.sharing}"))
+    if plan.explicit:
+        reasons.append((ANNOTATION_PATH, f"a GPU fraction ({GPU_MEMORY_ANNOTATION})"))
     return reasons
 
 
@@ -293,8 +312,8 @@ def _annotation_value(existing: Any, fields: list[str]) -> str:
     E.g. ``affinity,env,nodeSelector,schedulerName``; re-running on the patched pod changes
     nothing, so the value stays put.
     """
-    kinds = {f.rsplit(".", 1)[-1] if "env" in f else f.split(".", 1)[1]
-             for f in fields if f.startswith("spec.")}
+    kinds = {f.rsplit(".", 1)[-1] if f.startswith(("spec.containers[", "spec.initContainers["))
+             else f.split(".", 1)[1] for f in fields if f.startswith("spec.")}
     if isinstance(existing, str) and existing:
         kinds.update(k for k in existing.split(",") if k)
     return ",".join(sorted(kinds))
@@ -320,6 +339,8 @@ class GpuPod:
     workload: str
     pool: NodePool | None
     mig: bool
+    # a fractional pod (gpu_admission.fractional): its share and recorded ConfigMap
+    fraction: Fraction | None = None
 
 
 def analyse_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod | None:
@@ -328,7 +349,7 @@ def analyse_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod | None:
     spec = pod.get("spec") if isinstance(pod, dict) else None
     if not isinstance(spec, dict):
         return None
-    gcs = gpu_containers(spec)
+    gcs = gpu_containers(spec, has_fractional_pools(policy))
     if not gcs:
         return None
     compiled = policy.compiled
@@ -345,7 +366,28 @@ def analyse_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod | None:
     terms_in = [_term_in(t) for t in _terms(spec)]
     pool = _find_pool(compiled, node_selector, routed, terms_in) if compiled.pools else None
     mig = any(gc.mig for gc in gcs) or (pool is not None and pool.sharing == "mig")
-    return GpuPod(tuple(gcs), workload, pool, mig)
+    plan = _fraction_plan(pod, meta, gcs, workload=workload, mig=mig, dra=False, pool=pool,
+                          policy=policy, uid="") if has_fractional_pools(policy) else NOT_FRACTIONAL
+    return GpuPod(tuple(gcs), workload, pool, mig, plan.fraction)
+
+
+def _fraction_plan(pod: Mapping[str, Any], meta: Mapping[str, Any], gcs: list[GpuContainer],
+                   *, workload: str, mig: bool, dra: bool, pool: NodePool | None,
+                   policy: Policy, uid: str) -> Plan:
+    """:func:`gpu_admission.fractional.plan` for pods that may be fractional (a fractional
+    pool, the annotation or the extended resource); the others skip the work."""
+    annotations = meta.get("annotations")
+    if not ((pool is not None and pool.fractional) or any(gc.fractional for gc in gcs)
+            or (isinstance(annotations, dict) and GPU_MEMORY_ANNOTATION in annotations)):
+        return NOT_FRACTIONAL
+    app = init = 0
+    for gc in gcs:
+        if gc.kind == "initContainers":
+            init = max(init, gc.gpu_count)
+        else:
+            app += gc.gpu_count
+    return fraction_plan(pod, [(gc.path, gc.container) for gc in gcs], gpus=max(app, init),
+                         workload=workload, mig=mig, dra=dra, pool=pool, policy=policy, uid=uid)
 
 
 def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
@@ -367,7 +409,8 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return _ALLOWED
-    gcs = gpu_containers(spec)
+    fractional = has_fractional_pools(policy)
+    gcs = gpu_containers(spec, fractional)
     compiled = policy.compiled
     meta = pod.get("metadata")
     meta = meta if isinstance(meta, dict) else _EMPTY
@@ -401,7 +444,11 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     terms = _terms(spec)
     terms_in = [_term_in(t) for t in terms]
     pool = _find_pool(compiled, node_selector, routed, terms_in) if compiled.pools else None
-    shared = _shared_reasons(gcs, node_selector, terms_in, pool)
+    mig = any(gc.mig for gc in gcs) or (pool is not None and pool.sharing == "mig")
+    plan = _fraction_plan(pod, meta, gcs, workload=workload, mig=mig,
+                          dra=any(gc.dra is not None for gc in gcs), pool=pool, policy=policy,
+                          uid=facts.uid) if fractional else NOT_FRACTIONAL
+    shared = _shared_reasons(gcs, node_selector, terms_in, pool, plan)
     if dra_pod is not None:
         shared.extend((r.path, r.why) for r in dra_pod.reasons)
     if other is not None and other.declared:  # undeclared: only its rule speaks
@@ -418,9 +465,8 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
         workload=workload, workload_reason=workload_reason, bad_workload_label=bad_label,
         cuda_version=cuda_version, cuda_source=cuda_source, cuda_conflict=conflict,
         cuda_label_invalid=cuda_invalid, node_selector=node_selector,
-        required_terms=terms, pool=pool, shared_reasons=shared,
-        mig=any(gc.mig for gc in gcs) or (pool is not None and pool.sharing == "mig"),
-        dra=dra_pod, other=other,
+        required_terms=terms, pool=pool, shared_reasons=shared, mig=mig, dra=dra_pod,
+        fraction_plan=plan, other=other,
     )
     for rule in RULES:
         rule.check(ctx)
@@ -565,7 +611,8 @@ def _finish(meta: Mapping[str, Any], found: list[Violation], builder: PatchBuild
             summary = _annotation_value(existing, fields)
             if summary != existing:
                 ops.extend(builder.annotation_ops(MUTATED_ANNOTATION, summary))
-                fields.append("metadata.annotations")
+                if "metadata.annotations" not in fields:
+                    fields.append("metadata.annotations")
             patch = tuple(ops)
             changes = tuple(fields)
     return Decision(allowed=allowed, patch=patch, violations=violations, warnings=warnings,

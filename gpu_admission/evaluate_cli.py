@@ -27,6 +27,7 @@ admission policies ``gpu-admission compile`` emits (``gpu_admission.compile.offl
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,13 @@ def _read_documents(name: str) -> list[Any]:
     for doc in docs:
         out.extend(expand_lists(doc) if not isinstance(doc, list) else doc)
     return out
+
+
+def offline_uid(name: str, index: int, pointer: str) -> str:
+    """The request UID an offline evaluation uses (the API server sends a random UUID):
+    stable per file, document and template, so the output is reproducible. It names a
+    fractional pod's ConfigMap (``gpu-admission-gpu-<uid>``, README "Fractional GPUs")."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-admission-evaluate:{name}#{index}{pointer}"))
 
 
 def _result(name: str, index: int, obj: dict[str, Any], tpl: PodTemplate,
@@ -172,9 +180,15 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
         raise InputError(f"policy: {exc}") from None
     compiled_policy = None
     if compiled:
+        from gpu_admission.compile.compiler import (  # noqa: PLC0415 - lazy
+            FractionalPoolsNeedWebhook,
+        )
         from gpu_admission.compile.offline import CompiledEvaluator  # noqa: PLC0415 - lazy
 
-        compiled_policy = CompiledEvaluator(policy)
+        try:
+            compiled_policy = CompiledEvaluator(policy)
+        except FractionalPoolsNeedWebhook as exc:
+            raise InputError(f"--compiled: {exc}") from None
         for rule in compiled_policy.stays:
             click.echo(f"compiled: rule {rule} stays with the webhook (its pods are decided "
                        "by the engine)", err=True)
@@ -219,7 +233,8 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
         for tpl in templates:
             facts = RequestFacts(namespace=tpl.pod["metadata"]["namespace"], operation=operation,
                                  user=user, groups=tuple(groups),
-                                 stage="validate" if stage == "validate" else "mutate")
+                                 stage="validate" if stage == "validate" else "mutate",
+                                 uid=offline_uid(name, index, tpl.pointer))
             if compiled_policy is not None and not dra.is_claim(tpl):
                 decision = compiled_policy.decide(tpl.pod, facts, dra.snapshot_for(tpl))
             else:

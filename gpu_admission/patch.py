@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gpu_admission.fractional import quantity_value
+
 Op = dict[str, Any]
 Term = dict[str, Any]
 
@@ -52,15 +54,19 @@ class PatchBuilder:
     pod's own sub-objects are copied shallowly where they are re-emitted).
     """
 
-    __slots__ = ("_alternatives", "_env", "_node_selector", "_pod",
-                 "_requirements", "_scheduler")
+    __slots__ = ("_alternatives", "_annotations", "_env", "_node_selector", "_pod",
+                 "_requirements", "_resources", "_scheduler")
 
     def __init__(self, pod: Mapping[str, Any]) -> None:
         self._pod = pod
         self._scheduler: str | None = None
         self._node_selector: dict[str, str] = {}
-        # (kind, index) -> {env name: value}; kind is "containers" or "initContainers"
-        self._env: dict[tuple[str, int], dict[str, str]] = {}
+        # (kind, index) -> {env name: literal value, or the whole entry (valueFrom)};
+        # kind is "containers" or "initContainers"
+        self._env: dict[tuple[str, int], dict[str, str | dict[str, Any]]] = {}
+        # (kind, index, "requests"|"limits") -> {resource name: quantity, or None = remove}
+        self._resources: dict[tuple[str, int, str], dict[str, str | None]] = {}
+        self._annotations: dict[str, str] = {}
         self._requirements: list[dict[str, Any]] = []
         self._alternatives: list[tuple[list[list[dict[str, Any]]], Callable[[Term], bool]]] = []
 
@@ -75,6 +81,22 @@ class PatchBuilder:
         """Set env var ``name`` of ``spec.<kind>[index]`` to a literal ``value`` (by name)."""
         self._env.setdefault((kind, index), {})[name] = value
 
+    def upsert_env_entry(self, kind: str, index: int, entry: dict[str, Any]) -> None:
+        """Set env var ``entry["name"]`` of ``spec.<kind>[index]`` to exactly ``entry`` (e.g. a
+        ``valueFrom`` entry), by name."""
+        self._env.setdefault((kind, index), {})[entry["name"]] = entry
+
+    def set_resource(self, kind: str, index: int, section: str, name: str,
+                     quantity: str | None) -> None:
+        """Set ``resources.<section>[name]`` of ``spec.<kind>[index]`` to ``quantity`` (a
+        Kubernetes quantity string, compared by value: ``16k`` equals ``16000``), or remove
+        it (``None``). ``section``: ``requests`` or ``limits``."""
+        self._resources.setdefault((kind, index, section), {})[name] = quantity
+
+    def set_annotation(self, key: str, value: str) -> None:
+        """Set one ``metadata.annotations`` entry (rendered by :meth:`ops`)."""
+        self._annotations[key] = value
+
     def require_node_expression(self, requirement: dict[str, Any]) -> None:
         """AND ``requirement`` into every required node-affinity term (skipped where present)."""
         if requirement not in self._requirements:
@@ -88,11 +110,13 @@ class PatchBuilder:
     @property
     def empty(self) -> bool:
         return not (self._scheduler is not None or self._node_selector or self._env
-                    or self._requirements or self._alternatives)
+                    or self._requirements or self._alternatives or self._resources
+                    or self._annotations)
 
     # --- rendering -----------------------------------------------------------------
     def ops(self) -> list[Op]:
-        """The RFC 6902 operations, in a fixed order: scheduler, selector, affinity, env."""
+        """The RFC 6902 operations, in a fixed order: scheduler, selector, affinity,
+        resources, env, annotations."""
         pod = self._pod
         spec = _mapping(pod.get("spec")) or {}
         out: list[Op] = []
@@ -103,15 +127,31 @@ class PatchBuilder:
                      self._node_selector)
         if self._requirements or self._alternatives:
             self._affinity_ops(out, spec)
+        for place, resources in self._resources.items():
+            _resource_ops(out, place, spec, resources)
         for (kind, index), wanted in self._env.items():
             _env_ops(out, kind, index, spec, wanted)
+        if self._annotations:
+            self._annotation_map_ops(out, self._annotations)
         return out
+
+    def _annotation_map_ops(self, out: list[Op], wanted: Mapping[str, str]) -> None:
+        meta = _mapping(self._pod.get("metadata"))
+        if meta is None:
+            out.append({"op": "add", "path": "/metadata", "value": {"annotations": dict(wanted)}})
+        else:
+            _map_ops(out, "/metadata/annotations", _mapping(meta.get("annotations")), wanted)
 
     def annotation_ops(self, key: str, value: str) -> list[Op]:
         """Operations setting one ``metadata.annotations`` entry (rendered on its own so the
         engine can first see whether anything else changes)."""
         meta = _mapping(self._pod.get("metadata"))
         out: list[Op] = []
+        current = _mapping(meta.get("annotations")) if meta is not None else None
+        if current is None and self._annotations:
+            # ops() has created the map with the declared annotations: add a member
+            return [{"op": "add", "path": f"/metadata/annotations/{escape(key)}",
+                     "value": value}]
         if meta is None:
             out.append({"op": "add", "path": "/metadata", "value": {"annotations": {key: value}}})
         else:
@@ -203,16 +243,47 @@ def _map_ops(out: list[Op], pointer: str, current: Mapping[str, Any] | None,
             out.append({"op": "add", "path": f"{pointer}/{escape(key)}", "value": value})
 
 
+def _resource_ops(out: list[Op], place: tuple[str, int, str], spec: Mapping[str, Any],
+                  wanted: Mapping[str, str | None]) -> None:
+    """Set or remove entries of one container's ``resources.<section>`` map (``place``:
+    kind, index, section); quantities are compared by value (the API server stores
+    ``16000`` as ``16k``)."""
+    kind, index, section = place
+    containers = spec.get(kind)
+    container = containers[index] if isinstance(containers, Sequence) else {}
+    resources = _mapping(container.get("resources")) if isinstance(container, dict) else None
+    current = _mapping(resources.get(section)) if resources is not None else None
+    base = f"/spec/{kind}/{index}/resources"
+    adds = {n: q for n, q in wanted.items() if q is not None
+            and (current is None or n not in current
+                 or quantity_value(current[n]) != quantity_value(q))}
+    if current is not None:
+        for name, quantity in wanted.items():
+            if quantity is None and name in current:
+                out.append({"op": "remove", "path": f"{base}/{section}/{escape(name)}"})
+    if not adds:
+        return
+    if resources is None:
+        out.append({"op": "add", "path": base, "value": {section: adds}})
+    elif current is None:
+        out.append({"op": "add", "path": f"{base}/{section}", "value": adds})
+    else:
+        for name, quantity in adds.items():
+            out.append({"op": "add", "path": f"{base}/{section}/{escape(name)}",
+                        "value": quantity})
+
+
 def _env_ops(out: list[Op], kind: str, index: int, spec: Mapping[str, Any],
-             wanted: Mapping[str, str]) -> None:
-    """Upsert env vars by name: replace the (last) entry with that name, else append."""
+             wanted: Mapping[str, str | dict[str, Any]]) -> None:
+    """Upsert env vars by name: replace the (last) entry with that name, else append.
+    A ``str`` is a literal value; a ``dict`` is the whole entry to have."""
     containers = spec.get(kind)
     container = containers[index] if isinstance(containers, Sequence) else {}
     env = container.get("env") if isinstance(container, dict) else None
     base = f"/spec/{kind}/{index}/env"
     if not isinstance(env, list):
         out.append({"op": "add", "path": base,
-                    "value": [{"name": n, "value": v} for n, v in wanted.items()]})
+                    "value": [_env_entry(n, v) for n, v in wanted.items()]})
         return
     position: dict[str, int] = {}
     for i, entry in enumerate(env):
@@ -223,10 +294,29 @@ def _env_ops(out: list[Op], kind: str, index: int, spec: Mapping[str, Any],
     for name, value in wanted.items():
         at = position.get(name)
         if at is None:
-            out.append({"op": "add", "path": base + "/-", "value": {"name": name, "value": value}})
-        elif env[at].get("value") != value or "valueFrom" in env[at]:
-            out.append({"op": "replace", "path": f"{base}/{at}",
-                        "value": {"name": name, "value": value}})
+            out.append({"op": "add", "path": base + "/-", "value": _env_entry(name, value)})
+        elif value.__class__ is str:
+            if env[at].get("value") != value or "valueFrom" in env[at]:
+                out.append({"op": "replace", "path": f"{base}/{at}",
+                            "value": {"name": name, "value": value}})
+        elif env[at] != value:
+            out.append({"op": "replace", "path": f"{base}/{at}", "value": _env_entry(name, value)})
+
+
+def _env_entry(name: str, value: str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, str):
+        return {"name": name, "value": value}
+    entry: dict[str, Any] = _deep_copy(value)
+    return entry
+
+
+def _deep_copy(value: Any) -> Any:
+    """A fresh copy of a small JSON value (a declared env entry) for the operations."""
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
 
 
 def changed_fields(ops: Sequence[Op]) -> list[str]:

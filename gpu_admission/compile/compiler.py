@@ -72,6 +72,29 @@ class CompileFailure(Exception):
                          + "\n".join(lines))
 
 
+class FractionalPoolsNeedWebhook(CompileFailure):
+    """The policy has ``sharing: fractional`` pools: their pods are rewritten (resources, a
+    ConfigMap-backed ``NVIDIA_VISIBLE_DEVICES``, annotations from the request UID) for the
+    extender's bind, which admission policies cannot do; not even ``--partial`` helps, since
+    every pod may ask for a fraction with the annotation (README "Fractional GPUs")."""
+
+    def __init__(self, fields: list[str]) -> None:
+        self.stays = {}
+        Exception.__init__(self, "cannot compile a policy with fractional node pools ("
+                           + ", ".join(fields) + ": fractional): fractional GPUs need the "
+                           "gpu-admission webhook (it rewrites each pod's GPU request and "
+                           "writes its ConfigMap reference); use the webhook, or change the "
+                           "pool's sharing")
+
+
+def refuse_fractional(policy: Policy) -> None:
+    """Raise :class:`FractionalPoolsNeedWebhook` naming ``spec.nodePools[i].sharing``."""
+    fields = [f"spec.nodePools[{i}].sharing" for i, pool in enumerate(policy.spec.node_pools)
+              if pool.fractional]
+    if fields:
+        raise FractionalPoolsNeedWebhook(fields)
+
+
 @dataclass(slots=True)
 class Compiled:
     """The compiler's output: cluster objects in apply order, and what stays with the webhook."""
@@ -126,6 +149,7 @@ def _short_warning(v: str) -> str:
 def build_program(policy: Policy, *, partial: bool
                   ) -> tuple[Program, dict[str, WebhookOnly]]:
     """Run the analysis and every unit; collect the rules that stay with the webhook."""
+    refuse_fractional(policy)
     prog = Program()
     analysis(policy, prog)
     stays: dict[str, WebhookOnly] = {}

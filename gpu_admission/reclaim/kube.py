@@ -22,9 +22,8 @@ from typing import Any, Final
 import orjson
 import urllib3
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.config.config_exception import ConfigException
 
+from gpu_admission.kube import client as kube_client
 from gpu_admission.prom import connection_reason
 from gpu_admission.reclaim.names import (
     DEPLOYMENT,
@@ -35,10 +34,10 @@ from gpu_admission.reclaim.names import (
 from gpu_admission.reclaim.plan import Cluster, Owner
 from gpu_admission.report.timeframe import iso
 
-IN_CLUSTER: Final = "in-cluster"
-MERGE_PATCH: Final = "application/merge-patch+json"
-HTTP_NOT_FOUND: Final = 404
-HTTP_CONFLICT: Final = 409
+IN_CLUSTER: Final = kube_client.IN_CLUSTER
+MERGE_PATCH: Final = kube_client.MERGE_PATCH
+HTTP_NOT_FOUND: Final = kube_client.HTTP_NOT_FOUND
+HTTP_CONFLICT: Final = kube_client.HTTP_CONFLICT
 TIMEOUT: Final = (10, 60)  # s: connect, read
 
 PLURALS: Final = {DEPLOYMENT: "deployments", STATEFULSET: "statefulsets",
@@ -55,19 +54,12 @@ class KubeError(Exception):
 
 
 def api_client(source: str) -> k8s.ApiClient:
-    """``in-cluster`` (the pod's ServiceAccount) or a kubeconfig path."""
-    configuration = k8s.Configuration()
+    """``in-cluster`` (the pod's ServiceAccount) or a kubeconfig path, through
+    :func:`gpu_admission.kube.client.api_client` (one connection: the loop is sequential)."""
     try:
-        if source == IN_CLUSTER:
-            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration)
-        else:
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=source, client_configuration=configuration)
-    except (ConfigException, OSError, ValueError, TypeError) as exc:
-        where = "in-cluster ServiceAccount" if source == IN_CLUSTER else f"kubeconfig {source}"
-        raise KubeError(f"loading the {where}", None, str(exc)) from None
-    return k8s.ApiClient(configuration)
+        return kube_client.api_client(source, pool_size=1)
+    except kube_client.KubeSourceError as exc:
+        raise KubeError("loading the client configuration", None, str(exc)) from None
 
 
 class Kube:
@@ -86,39 +78,35 @@ class Kube:
                 conflict_ok: bool = False) -> dict[str, Any] | None:
         """One request; the decoded JSON answer, or None for an allowed 404/409."""
         what = f"{method} {path}"
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
         self.requests += 1
         try:
-            params = self.client.param_serialize(
-                method=method, resource_path=path, query_params=list((query or {}).items()),
-                header_params=headers, body=body, auth_settings=["BearerToken"])
-            response = self.client.call_api(*params, _request_timeout=TIMEOUT)
-            response.read()  # type: ignore[no-untyped-call]
+            response = kube_client.raw_request(self.client, method, path, query=query,
+                                               body=body, content_type=content_type,
+                                               timeout=TIMEOUT)
+            data = response.read()
         except k8s.ApiException as exc:
-            status = exc.status or 0
-            if (status == HTTP_NOT_FOUND and missing_ok) or (status == HTTP_CONFLICT
-                                                             and conflict_ok):
-                return None
-            raise KubeError(what, status, _message(exc.body) or str(exc.reason)) from None
+            status, data = exc.status or 0, exc.body
+            reason = str(exc.reason)
         except urllib3.exceptions.MaxRetryError as exc:
             raise KubeError(what, None, "cannot reach the API server: "
                             f"{connection_reason(exc.reason or exc)}") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise KubeError(what, None, "cannot reach the API server: "
                             f"{connection_reason(exc)}") from None
-        status = response.status
+        else:
+            status, reason = response.status, str(response.reason or "")
         if status >= 300:
             if (status == HTTP_NOT_FOUND and missing_ok) or (status == HTTP_CONFLICT
                                                              and conflict_ok):
                 return None
-            raise KubeError(what, status, _message(response.data) or str(response.reason))
+            error = kube_client.error_from(status, reason, data if isinstance(data, bytes)
+                                           else (data or "").encode())
+            raise KubeError(what, status, error.message[:300] or error.reason)
         try:
-            data: Any = orjson.loads(response.data) if response.data else {}
+            decoded: Any = orjson.loads(data) if data else {}
         except orjson.JSONDecodeError:
             raise KubeError(what, status, "the answer is not JSON") from None
-        return data if isinstance(data, dict) else {}
+        return decoded if isinstance(decoded, dict) else {}
 
     def list(self, path: str, *, missing_ok: bool = False) -> list[dict[str, Any]]:
         data = self.request("GET", path, missing_ok=missing_ok)
@@ -205,17 +193,6 @@ def event_name(target: str, reason: str, pod: str) -> str:
     """Deterministic (a repeat is a 409) and a valid DNS subdomain (<= 253 characters)."""
     digest = hashlib.sha256(f"{target}/{pod}".encode()).hexdigest()[:10]
     return f"{target[:200]}.{reason.lower()}.{digest}"
-
-
-def _message(body: object) -> str:
-    if isinstance(body, bytes | str):
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return str(body)[:200]
-        if isinstance(data, dict):
-            return str(data.get("message") or data.get("reason") or "")[:300]
-    return ""
 
 
 @dataclass(frozen=True, slots=True)

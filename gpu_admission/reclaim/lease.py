@@ -13,20 +13,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpu_admission.reclaim.kube import Kube, KubeError
+from gpu_admission.reclaim.plan import parse_time
 
 
 def micro_time(ts: float) -> str:
     """``MicroTime`` (RFC 3339 with microseconds), as the Lease's time fields are."""
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(value: object) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -74,7 +66,7 @@ class LeaseElector:
             return created is not None
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity")
-        renewed = _parse(spec.get("renewTime")) or 0.0
+        renewed = parse_time(spec.get("renewTime")) or 0.0
         duration = int(spec.get("leaseDurationSeconds") or self.duration)
         mine = holder == self.identity
         if not mine and holder and now < renewed + duration:

@@ -34,7 +34,7 @@ from zoneinfo import ZoneInfo
 
 from gpu_admission.policy.model import Policy
 from gpu_admission.report.query import Fetched, GpuData
-from gpu_admission.report.sharing import SharingEstimate, estimate_sharing
+from gpu_admission.report.sharing import FractionalEstimate, SharingEstimate, estimate_sharing
 from gpu_admission.report.timeframe import Range, WorkingHours, iso
 
 MIN_IDLE_SECONDS: Final = 2 * 3600  # the article's alert: idle for 2 hours or more
@@ -314,8 +314,20 @@ def to_json(report: Report) -> dict[str, Any]:
             "pool": s.pool, "replicasPerGPU": s.replicas,
             "memoryPerPodMiB": s.memory_per_pod_mib,
             "targetUtilizationPercent": s.target,
-            "method": s.method},
+            "method": s.method,
+            "fractional": _fractional(s.fractional)},
     }
+
+
+def _fractional(f: FractionalEstimate | None) -> dict[str, Any] | None:
+    """The fractional estimate (gpu_admission.report.sharing), next to the time-sliced one."""
+    if f is None:
+        return None
+    return {"estimate": True, "gpusNeeded": f.gpus_needed,
+            "utilizationPercent": _r(f.utilization_after, 2),
+            "sharedGpus": f.shared_gpus, "dedicatedGpus": f.dedicated_gpus,
+            "pool": f.pool, "memoryMiB": f.card_mib, "memoryHeadroomMiB": f.headroom_mib,
+            "targetUtilizationPercent": f.target, "method": f.method}
 
 
 def _usage(kind: str, u: UsageRow) -> dict[str, Any]:

@@ -24,6 +24,7 @@ NO_DATA_COLOR: Final = "#e6e8ec"
 IDLE_COLOR: Final = "#d55e00"  # idle GPU-hours bars
 BEFORE_COLOR: Final = "#999999"
 AFTER_COLOR: Final = "#0072b2"
+FRACTIONAL_COLOR: Final = "#009e73"  # the fractional estimate's bars (Okabe-Ito green)
 # Sequential scale for 0..100 % (light yellow -> dark blue), 10 steps of 10 %.
 SCALE: Final = ("#ffffd9", "#edf8b1", "#c7e9b4", "#7fcdbb", "#41b6c4", "#1d91c0", "#225ea8",
                 "#253494", "#182b7a", "#081d58")
@@ -121,13 +122,18 @@ def render_html(report: Report, doc: dict[str, Any], generated: datetime | None 
                    f'samples for part of the range.<ul>{items}</ul></div>')
     idle_rows = sorted(((n["namespace"], n["idleGpuHours"], IDLE_COLOR)
                         for n in doc["namespaces"]), key=lambda r: (-r[1], r[0]))
+    f = s.get("fractional")
+    frac_gpus = [("after, fractional (estimate)", f["gpusNeeded"], FRACTIONAL_COLOR)] if f else []
+    frac_util = ([("after, fractional (estimate)", f["utilizationPercent"] or 0,
+                   FRACTIONAL_COLOR)] if f else [])
     sharing_chart = (
         hbars("chart-sharing-gpus", "GPUs: held before / needed with sharing (estimate)",
               [("before", s["gpusBefore"], BEFORE_COLOR),
-               ("after (estimate)", s["gpusNeeded"], AFTER_COLOR)], "GPUs")
+               ("after (estimate)", s["gpusNeeded"], AFTER_COLOR), *frac_gpus], "GPUs")
         + hbars("chart-sharing-util", "Utilisation before / after sharing (estimate)",
                 [("before", s["utilizationPercentBefore"] or 0, BEFORE_COLOR),
-                 ("after (estimate)", s["utilizationPercent"] or 0, AFTER_COLOR)], "%"))
+                 ("after (estimate)", s["utilizationPercent"] or 0, AFTER_COLOR),
+                 *frac_util], "%"))
     template = Template(resources.files("gpu_admission").joinpath("data/usage-report.html")
                         .read_text(encoding="utf-8"))
     return template.substitute(
@@ -143,6 +149,7 @@ def render_html(report: Report, doc: dict[str, Any], generated: datetime | None 
         idle_chart=hbars("chart-idle", "Idle GPU-hours in working hours, by namespace",
                          idle_rows, "h"),
         sharing_chart=sharing_chart, method=_e(s["method"]),
+        fractional_method=_e(f["method"] if f else "no fractional estimate"),
         gpu_table=_table("table-gpus", [
             "node", "gpu", "uuid", "model", "mean %", "p95 %", "fb MiB", "idle h",
             "namespaces", "pods"], [

@@ -38,7 +38,8 @@ def fmt(value: Any) -> str:
 
 def render_csv(doc: dict[str, Any]) -> str:
     """One tidy CSV: a ``scope`` column (fleet, gpu, namespace, node, sharingEstimate,
-    sharingBefore) and the figures of that scope; empty cells where a figure does not apply."""
+    sharingBefore, fractionalEstimate) and the figures of that scope; empty cells where a
+    figure does not apply."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -61,6 +62,10 @@ def render_csv(doc: dict[str, Any]) -> str:
                               "utilizationPercent": s["utilizationPercentBefore"]}))
     writer.writerow(_csv_row({"scope": "sharingEstimate", "gpusNeeded": s["gpusNeeded"],
                               "utilizationPercent": s["utilizationPercent"]}))
+    f = s.get("fractional")
+    if f is not None:
+        writer.writerow(_csv_row({"scope": "fractionalEstimate", "gpusNeeded": f["gpusNeeded"],
+                                  "utilizationPercent": f["utilizationPercent"]}))
     return out.getvalue()
 
 
@@ -83,6 +88,9 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: set[i
 
 def render_table(doc: dict[str, Any]) -> str:
     rng, fleet, s, st = doc["range"], doc["fleet"], doc["sharingEstimate"], doc["settings"]
+    f = s.get("fractional")  # the fractional estimate (gpu_admission.report.sharing)
+    fractional_rows = ([["after, fractional (estimate)", f["gpusNeeded"],
+                         f["utilizationPercent"]]] if f is not None else [])
     parts = [
         f"GPU usage {rng['start']} .. {rng['end']} (step {rng['step']}); working hours "
         f"{st['workingHours']} {st['tz']}; idle = under {fmt(st['idleBelowPercent'])} % SM "
@@ -115,8 +123,10 @@ def render_table(doc: dict[str, Any]) -> str:
         "What sharing would give (ESTIMATE):",
         _table(["", "gpus", "utilization %"],
                [["before (held)", s["gpusBefore"], s["utilizationPercentBefore"]],
-                ["after (estimate)", s["gpusNeeded"], s["utilizationPercent"]]], {1, 2}),
+                ["after (estimate)", s["gpusNeeded"], s["utilizationPercent"]],
+                *fractional_rows], {1, 2}),
         "method: " + s["method"],
+        *(["fractional method: " + f["method"]] if f is not None else []),
     ]
     if doc.get("reclaim"):
         parts += [

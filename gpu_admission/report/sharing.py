@@ -22,6 +22,16 @@ Method, first-fit decreasing (the classic bin-packing heuristic; Johnson 1973):
 
 Loads are summed as if every pod ran all the time (p95, no time-of-day offsets), so the
 estimate leans towards more GPUs, not fewer.
+
+**Fractional estimate** (``sharing: fractional`` pools, README "Fractional GPUs"): the same
+items, but a pod's share is sized by what it used, not a fixed slice: its memory is its peak
+framebuffer (``DCGM_FI_DEV_FB_USED``, MiB) and there is no replica limit. First-fit
+decreasing (same order) onto cards of ``memoryMiB`` of the policy's first fractional pool
+(else of its first time-slicing/mps pool, else the card the memory defaults describe,
+``defaultMemoryMiB / defaultFraction``): an item goes to the first GPU where the summed load
+stays at or under the target and the summed memory plus ``spec.placement.memoryHeadroomMiB``
+stays at or under the card's memory (the room the extender keeps free on a card); an item
+over the target, or whose memory plus headroom exceeds the card, keeps a whole GPU.
 """
 
 from __future__ import annotations
@@ -56,6 +66,22 @@ class SharingEstimate:
     replicas: int
     memory_per_pod_mib: int
     target: int
+    method: str
+    fractional: FractionalEstimate | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FractionalEstimate:
+    """Pods sized by their peak framebuffer and p95 load, packed by memory and load."""
+
+    gpus_needed: int
+    utilization_after: float | None
+    shared_gpus: int
+    dedicated_gpus: int
+    pool: str | None
+    card_mib: int  # memory of one card, MiB
+    headroom_mib: int  # kept free on every card, MiB
+    target: int  # % SM
     method: str
 
 
@@ -93,6 +119,59 @@ def pack(loads: Sequence[Item], *, replicas: int, target: float,
     return len(bins), dedicated
 
 
+def pack_fractional(loads: Sequence[Item], *, card_mib: float, headroom_mib: float,
+                    target: float) -> tuple[int, int]:
+    """First-fit decreasing by load and memory; returns (shared GPUs, dedicated GPUs)."""
+    dedicated = 0
+    room = card_mib - headroom_mib  # MiB a card may give out
+    bins: list[list[float]] = []  # [summed load %, summed memory MiB]
+    for item in sorted(loads, key=lambda i: (-i.load, -i.memory_mib, i.key)):
+        if item.load > target or item.memory_mib > room:
+            dedicated += 1
+            continue
+        for b in bins:
+            if b[0] + item.load <= target and b[1] + item.memory_mib <= room:
+                b[0] += item.load
+                b[1] += item.memory_mib
+                break
+        else:
+            bins.append([item.load, item.memory_mib])
+    return len(bins), dedicated
+
+
+def estimate_fractional(found: Sequence[Item], rng: Range, policy: Policy,
+                        hours_used: float) -> FractionalEstimate:
+    """The fractional estimate (module docstring) for the items of :func:`items`."""
+    spec = policy.spec
+    pool = (next((p for p in spec.node_pools if p.fractional), None)
+            or next((p for p in spec.node_pools if p.shared), None))
+    limits = spec.memory_limits
+    card = pool.memory_mib if pool is not None else math.floor(
+        limits.default_memory_mib / limits.default_fraction + 1e-9)
+    headroom = spec.placement.memory_headroom_mib
+    target = spec.placement.target_utilization_percent
+    shared, dedicated = pack_fractional(found, card_mib=card, headroom_mib=headroom,
+                                        target=target)
+    where = (f"cards of pool {pool.name} ({pool.sharing}, memoryMiB {card})" if pool is not None
+             else f"cards of {card} MiB (no fractional or time-slicing/mps pool in the policy: "
+                  f"defaultMemoryMiB {limits.default_memory_mib} / defaultFraction "
+                  f"{limits.default_fraction:g})")
+    method = (
+        f"Estimate, not a measurement. Fractional GPUs: the same items, each sized by its peak "
+        f"framebuffer use (DCGM_FI_DEV_FB_USED) and its p95 SM utilisation instead of a fixed "
+        f"slice; first-fit decreasing (by load, then memory) onto {where}: an item goes to the "
+        f"first GPU whose summed load stays at or under the placement target {target} % and "
+        f"whose summed memory plus spec.placement.memoryHeadroomMiB {headroom} MiB stays "
+        f"within the card; an item over the target, or with more memory than the card minus "
+        f"the headroom, keeps a whole GPU. No replica limit. Utilisation = measured GPU-hours "
+        f"used / (GPUs x {rng.hours:g} h in the range).")
+    needed = shared + dedicated
+    after = hours_used / (needed * rng.hours) * 100 if needed else None
+    return FractionalEstimate(needed, after, shared, dedicated,
+                              pool.name if pool is not None and pool.fractional else None,
+                              card, headroom, target, method)
+
+
 def estimate_sharing(gpus: Sequence[GpuData], rng: Range, policy: Policy,
                      hours_used: float) -> SharingEstimate:
     spec = policy.spec
@@ -101,7 +180,8 @@ def estimate_sharing(gpus: Sequence[GpuData], rng: Range, policy: Policy,
     replicas = pool.replicas_per_gpu if pool is not None else max(1, math.floor(1 / fraction
                                                                                 + 1e-9))
     target = spec.placement.target_utilization_percent
-    shared, dedicated = pack(items(gpus), replicas=replicas, target=target,
+    found = items(gpus)
+    shared, dedicated = pack(found, replicas=replicas, target=target,
                              memory_share_mib=share_mib)
     before = sum(1 for g in gpus if any(any(m) for m in g.holders.values()))
     needed = shared + dedicated
@@ -126,4 +206,4 @@ def estimate_sharing(gpus: Sequence[GpuData], rng: Range, policy: Policy,
 
     return SharingEstimate(before, util(before), needed, util(needed), shared, dedicated,
                            pool.name if pool is not None else None, replicas, share_mib,
-                           target, method)
+                           target, method, estimate_fractional(found, rng, policy, hours_used))

@@ -1,7 +1,8 @@
 """The policy rules, one per module, run in a fixed order by :func:`gpu_admission.engine.evaluate`.
 
 Order matters only for readability of the output (every rule runs; all violations are kept):
-workload label, training placement, scheduler, CUDA routing, memory limits, GPU-access guard
+workload label, training placement, scheduler, CUDA routing, memory limits, fractional GPUs,
+GPU-access guard
 (which also runs alone on pods without GPU containers, see the engine).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from gpu_admission.rules.base import Context, GpuContainer, Rule
 from gpu_admission.rules.cuda_routing import CudaRouting
 from gpu_admission.rules.dra import DraRules
+from gpu_admission.rules.fractional import FractionalGpu
 from gpu_admission.rules.gpu_access import GpuAccess
 from gpu_admission.rules.memory import MemoryLimit
 from gpu_admission.rules.other_systems import OtherSharingSystems
@@ -23,6 +25,7 @@ RULES: tuple[Rule, ...] = (
     SchedulerName(),
     CudaRouting(),
     MemoryLimit(),
+    FractionalGpu(),
     GpuAccess(),
     DraRules(),
     OtherSharingSystems(),

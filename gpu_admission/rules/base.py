@@ -15,9 +15,11 @@ from typing import Any, Protocol
 
 from gpu_admission.decision import Mode, RequestFacts, Violation
 from gpu_admission.dra.analysis import DraContainer, DraPod
+from gpu_admission.fractional import NOT_FRACTIONAL, Fraction, Plan
 from gpu_admission.patch import PatchBuilder
 from gpu_admission.policy.model import Compiled, NodePool, Policy
 from gpu_admission.sharing_systems import OtherContainer, OtherGpu
+from gpu_admission.vocab import GPU_MEMORY_RESOURCE
 
 
 @dataclass(slots=True)
@@ -32,6 +34,8 @@ class GpuContainer:
     mig: bool  # a nvidia.com/mig-* resource (or, through DRA, only MIG slices)
     dra: DraContainer | None = None  # set when (also) given a GPU through DRA (docs/dra.md)
     other: OtherContainer | None = None  # set when another sharing system serves it (KAI, HAMi)
+    # requests gpu-admission.io/gpu-memory (a fractional GPU, gpu_admission.fractional)
+    fractional: bool = False
 
     @property
     def path(self) -> str:
@@ -40,7 +44,9 @@ class GpuContainer:
     @property
     def gpu_count(self) -> int:
         total = 0
-        for quantity in self.resources.values():
+        for name, quantity in self.resources.items():
+            if name == GPU_MEMORY_RESOURCE:  # MiB of one GPU's memory, not a GPU count
+                continue
             try:
                 total += int(str(quantity))
             except ValueError:
@@ -75,6 +81,12 @@ class Context:
     violations: list[Violation] = field(default_factory=list)
     dra: DraPod | None = None  # the DRA view of the pod, when it names claims or DRA resources
     other: OtherGpu | None = None  # another sharing system's view (spec.otherSharingSystems)
+    # fractional GPUs (gpu_admission.fractional): the plan, and its fraction when there is one
+    fraction_plan: Plan = NOT_FRACTIONAL
+
+    @property
+    def fraction(self) -> Fraction | None:
+        return self.fraction_plan.fraction
 
     def violate(self, rule: str, path: str, message: str) -> None:
         """Record a violation of ``rule`` in the mode the policy sets for it."""

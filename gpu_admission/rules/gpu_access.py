@@ -28,6 +28,9 @@ no GPU                      ``void`` or ``none`` (exact)        nothing
 no GPU                      any other value, or ``valueFrom``   ``gpu-visible-devices``
 GPU                         present at all                      ``gpu-visible-devices`` (the
                                                                 device plugin picks the GPU)
+GPU, fractional pod         exactly the webhook's               nothing (the extender's bind
+                            ``configMapKeyRef`` to the pod's    writes that ConfigMap)
+                            recorded ConfigMap
 any (pod level)             ``hostPath.path`` matches           ``gpu-device-hostpath``
                             :data:`DEVICE_PATH_PATTERN`
 =========================== ================================== ==============================
@@ -57,6 +60,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
 from gpu_admission.decision import Mode, Violation
+from gpu_admission.fractional import is_visible_devices_ref
 from gpu_admission.patch import PatchBuilder
 from gpu_admission.rules.base import Context
 from gpu_admission.sharing_systems import KAI
@@ -106,12 +110,21 @@ def last_entry(env: Any) -> tuple[int, Mapping[str, Any]] | None:
 
 def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Mapping[str, Mode],
           patch: PatchBuilder | None, out: list[Violation], *,
-          others: AbstractSet[tuple[str, int]] = frozenset()) -> None:
+          others: AbstractSet[tuple[str, int]] = frozenset(),
+          fractional_configmap: str | None = None) -> None:
     """Apply the guard to one pod spec: append violations to ``out``, declare the ``void``
     upserts on ``patch`` (None: validate stage). ``gpu`` holds ``(kind, index)`` of the GPU
-    containers. ``others``: GPU containers whose ``NVIDIA_VISIBLE_DEVICES`` a declared other
-    sharing system writes (KAI), judged by rule ``other-sharing-system`` instead. The engine
-    calls this for every Pod CREATE that is not exempt."""
+    containers. The engine calls this for every Pod CREATE that is not exempt.
+
+    ``others``: GPU containers whose ``NVIDIA_VISIBLE_DEVICES`` a declared other sharing
+    system writes (KAI), judged by rule ``other-sharing-system`` instead.
+
+    ``fractional_configmap``: the pod is fractional (:mod:`gpu_admission.fractional`) and
+    its GPU comes from this ConfigMap; a GPU container whose variable is exactly the
+    webhook's own reference to it (:func:`~gpu_admission.fractional.is_visible_devices_ref`)
+    passes, so that the webhook run on its own output changes and refuses nothing. Any other
+    value or ``valueFrom`` (another ConfigMap or key, ``optional: true``, a Secret, a
+    fieldRef) stays refused."""
     isolation = modes[ISOLATION]
     for kind in ("containers", "initContainers"):
         items = spec.get(kind)
@@ -122,7 +135,9 @@ def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Map
                 continue
             found = last_entry(container.get("env"))
             if (kind, index) in gpu:
-                if found is not None and (kind, index) not in others:
+                if found is not None and (kind, index) not in others and not (
+                        fractional_configmap is not None
+                        and is_visible_devices_ref(found[1], fractional_configmap)):
                     out.append(Violation(
                         VISIBLE_DEVICES, f"spec.{kind}[{index}].env[{found[0]}]",
                         f"{ENV} is set in a container that requests a GPU; the device plugin "
@@ -177,4 +192,6 @@ class GpuAccess:
         gpu = {(gc.kind, gc.index) for gc in ctx.gpu_containers}
         others = (ctx.other.places if ctx.other is not None and ctx.other.declared
                   and ctx.other.system == KAI else frozenset())
-        guard(ctx.spec, gpu, ctx.compiled.modes, ctx.patch, ctx.violations, others=others)
+        fraction = ctx.fraction
+        guard(ctx.spec, gpu, ctx.compiled.modes, ctx.patch, ctx.violations, others=others,
+              fractional_configmap=fraction.configmap if fraction is not None else None)

@@ -26,6 +26,13 @@ Values come from the pod's pool (``memoryMiB // replicasPerGPU`` MiB, fraction
 ``defaultFraction``. A container that already sets a lower (or equal) limit keeps it; a higher or
 unparsable one is a ``memory-limit`` violation. A ``valueFrom`` entry cannot be compared at
 admission time: it is kept and reported as ``memory-limit-unverifiable``.
+
+A fractional pod (:mod:`gpu_admission.fractional`) gets the same variables sized to its own
+share (MiB, and share / card as the fraction) and, with ``spec.placement.hamiCore: true``,
+HAMi-core's ``CUDA_DEVICE_MEMORY_LIMIT=<MiB>m`` (Project-HAMi/HAMi-core README: bytes or a
+binary ``k``/``m``/``g`` suffix; ``0`` means no limit); a per-device
+``CUDA_DEVICE_MEMORY_LIMIT_<i>`` above the share (it overrides the global value) is a
+``memory-limit`` violation.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from gpu_admission.fractional import HAMI_MEMORY_LIMIT, Fraction, hami_limit_bytes, hami_limit_text
 from gpu_admission.policy.model import MemoryLimits, NodePool
 from gpu_admission.rules.base import Context, GpuContainer
 from gpu_admission.sharing_systems import OtherContainer
@@ -53,15 +61,23 @@ CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 FRACTION_VARS: Final = frozenset({"GPU_MEMORY_FRACTION", "XLA_CLIENT_MEM_FRACTION",
                                   "XLA_PYTHON_CLIENT_MEM_FRACTION"})
 
+_HAMI_PER_DEVICE = re.compile(r"^CUDA_DEVICE_MEMORY_LIMIT_[0-9]+$")
 # "<dev>=<size>" with size like 4096M, 4G, 512MB, 1GiB (binary units; bare number = MiB).
 _MPS_ENTRY = re.compile(r"^\s*(\d+)\s*=\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNIT_MIB: Final = {"": 1.0, "k": 1 / 1024, "m": 1.0, "g": 1024.0, "t": 1024.0 * 1024}
 
 
 def format_fraction(value: float) -> str:
-    """Round *down* to 3 decimals so the written share never exceeds the allowed one."""
-    floored = math.floor(value * 1000 + 1e-9) / 1000
-    return f"{floored:.3f}".rstrip("0").rstrip(".")
+    """Round *down* to 3 decimals so the written share never exceeds the allowed one; a
+    positive share under 0.001 (a small fractional share of a large card) gets as many
+    decimals as it takes not to become 0 (0 would deny the pod's own value)."""
+    decimals = 3
+    while True:
+        scale = 10 ** decimals
+        floored = math.floor(value * scale + 1e-9) / scale
+        if floored > 0 or value <= 0 or decimals >= 12:
+            return f"{floored:.{decimals}f}".rstrip("0").rstrip(".")
+        decimals += 1
 
 
 def _int_ok(limit: int) -> Callable[[str], bool | None]:
@@ -138,8 +154,14 @@ class MemoryLimit:
 
     def __init__(self) -> None:
         self._memo: dict[tuple[int, int, int], tuple[object, object, Wanted, str]] = {}
+        # fractional pods: (id(limits), share MiB, card MiB, source, hamiCore) -> wanted
+        self._fractional_memo: dict[tuple[int, int, int, str, bool],
+                                    tuple[object, Wanted, str]] = {}
 
     def check(self, ctx: Context) -> None:
+        if ctx.fraction is not None:
+            self._fractional(ctx, ctx.fraction)
+            return
         if not ctx.gpu_containers or not shares_a_gpu(ctx.workload, ctx.mig, ctx.pool):
             return
         pool = ctx.pool
@@ -161,6 +183,30 @@ class MemoryLimit:
                 wanted, source = _wanted(pool, limits, devices)
                 memo = self._memo[key] = (pool, limits, wanted, source)
             self._container(ctx, gc, memo[2], memo[3])
+
+    def _fractional(self, ctx: Context, fraction: Fraction) -> None:
+        """A fractional pod: the variables sized to its share, HAMi-core's cap if on."""
+        limits = ctx.policy.spec.memory_limits
+        mib = fraction.share_mib
+        hami = ctx.policy.spec.placement.hami_core
+        key = (id(limits), mib, fraction.card_mib, fraction.source, hami)
+        memo = self._fractional_memo.get(key)
+        if memo is None or memo[0] is not limits:
+            if len(self._fractional_memo) >= self._MEMO_MAX:
+                self._fractional_memo.clear()
+            wanted, source = _wanted(ctx.pool, limits, 0,
+                                     share=(mib, fraction.fraction, fraction.source))
+            if hami:
+                wanted.append((HAMI_MEMORY_LIMIT, hami_limit_text(mib), _hami_ok(mib),
+                               f"<= {hami_limit_text(mib)}"))
+            memo = self._fractional_memo[key] = (limits, wanted, source)
+        wanted, source = memo[1], memo[2]
+        for gc in ctx.gpu_containers:
+            if gc.mig or gc.dra is not None:
+                continue
+            self._container(ctx, gc, wanted, source)
+            if hami:
+                _per_device(ctx, gc, mib, source)
 
     @staticmethod
     def _container(ctx: Context, gc: GpuContainer,
@@ -215,6 +261,33 @@ def other_wanted(pool: NodePool | None, limits: MemoryLimits,
     if other.fraction is None:
         skip.update(FRACTION_VARS)
     return [w for w in wanted if w[0] not in skip], source
+
+
+def _hami_ok(limit_mib: int) -> Callable[[str], bool | None]:
+    def check(value: str) -> bool | None:
+        size = hami_limit_bytes(value)
+        return None if size is None else size <= limit_mib * 2**20
+    return check
+
+
+def _per_device(ctx: Context, gc: GpuContainer, mib: int, source: str) -> None:
+    """HAMi-core reads ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` before the global value: one above
+    the share (or 0 = unlimited, or unreadable) would undo the cap."""
+    env = gc.container.get("env")
+    ok = _hami_ok(mib)
+    for i, entry in enumerate(env if isinstance(env, list) else ()):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not _HAMI_PER_DEVICE.match(name):
+            continue
+        path = f"{gc.path}.env[{i}]"
+        value = entry.get("value")
+        if entry.get("valueFrom") is not None:
+            ctx.violate(UNVERIFIABLE, path,
+                        f"{name} uses valueFrom; cannot check it is <= {hami_limit_text(mib)}")
+        elif not isinstance(value, str) or not ok(value):
+            ctx.violate(LIMIT, path,
+                        f"{name}={str(value)[:20]!r} overrides HAMi-core's cap; must be "
+                        f"<= {hami_limit_text(mib)} ({source})")
 
 
 def _wanted(pool: NodePool | None, limits: MemoryLimits, devices: int,

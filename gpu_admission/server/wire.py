@@ -77,7 +77,8 @@ class Review:
             if isinstance(meta, dict) and isinstance(meta.get("namespace"), str):
                 namespace = meta["namespace"]
         return RequestFacts(namespace=namespace, operation=self.operation, user=self.user,
-                            groups=self.groups, dry_run=self.dry_run, stage=stage)
+                            groups=self.groups, dry_run=self.dry_run, stage=stage,
+                            uid=self.uid)
 
 
 def _type_name(value: object) -> str:

@@ -3,8 +3,8 @@
 For every generated pod and policy:
 
 * ``evaluate`` does not modify its input; a denial carries no patch;
-* the patch applies cleanly with jsonpatch, and evaluating the result gives an empty patch
-  (idempotent) and is still allowed;
+* the patch applies cleanly with jsonpatch, and evaluating the result (under a new request
+  UID) gives an empty patch (idempotent) and is still allowed;
 * nothing outside the fields a rule owns changes;
 * the patch builder agrees with a naive reference (deep copy + direct edits) in effect, and
   with the ``jsonpatch.make_patch`` diff of that reference (the applied results are equal).
@@ -22,20 +22,27 @@ from hypothesis import strategies as st
 from gpu_admission.decision import RequestFacts
 from gpu_admission.engine import evaluate
 from gpu_admission.patch import REQUIRED, PatchBuilder
-from gpu_admission.policy.model import Policy, default_policy
+from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
+from tests.fractional.support import policy as fractional_policy
 from tests.policy_helpers import policy_with, pools_policy
 
 OWNED_ENV = {"NVIDIA_MEM_LIMIT_MB", "GPU_MEMORY_FRACTION", "XLA_CLIENT_MEM_FRACTION",
              "XLA_PYTHON_CLIENT_MEM_FRACTION", "TF_FORCE_GPU_ALLOW_GROWTH",
              "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-             "NVIDIA_VISIBLE_DEVICES"}  # the GPU-access guard's
+             "CUDA_DEVICE_MEMORY_LIMIT",  # fractional pools with hamiCore
+             "NVIDIA_VISIBLE_DEVICES"}  # the GPU-access guard's (and fractional pods' reference)
+# fractional GPUs (gpu_admission.fractional): what the webhook owns on a fractional pod
+GPU_MEMORY = "gpu-admission.io/gpu-memory"
+GPU_CONFIGMAP = "gpu-admission.io/gpu-configmap"
+FRACTIONAL_RESOURCES = {"nvidia.com/gpu", "nvidia.com/gpu.shared", GPU_MEMORY}
 CUDA_LABEL = "gpu-admission.io/cuda-version"
 MUTATED = "gpu-admission.io/mutated"
 
 IMAGES = ["nvidia/cuda:12.1.1-runtime-ubuntu22.04", "nvcr.io/nvidia/tritonserver:24.05-py3",
           "pytorch/pytorch:2.2.2-cuda12.1-cudnn8-runtime", "vllm/vllm-openai:latest",
           "example.com/app:1.0-cu118", "python:3.11"]
-RESOURCES = ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.5gb", "cpu"]
+RESOURCES = ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.5gb", "cpu",
+             "gpu-admission.io/gpu-memory"]
 ODD_KEYS = ["ex~ample.com/x", "a/b~c", "plain", "gpu-admission.io/cuda-version"]
 
 quantities = st.sampled_from([1, "1", 2, "2", 0, "0"])
@@ -100,6 +107,9 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         meta["labels"] = labels
     annotations = draw(st.one_of(st.none(), st.dictionaries(
         st.sampled_from([*ODD_KEYS, MUTATED]), st.sampled_from(["env", "v", ""]), max_size=2)))
+    if draw(st.integers(0, 3)) == 0:  # an explicit ask for a GPU fraction, good or bad
+        annotations = {**(annotations or {}), GPU_MEMORY: draw(st.sampled_from(
+            ["4096", "16000", "45000", "99999", "0", "lots"]))}
     if annotations is not None:
         meta["annotations"] = annotations
     if draw(st.booleans()):
@@ -112,7 +122,8 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     selector = draw(st.one_of(st.none(), st.dictionaries(
         st.sampled_from(["nvidia.com/gpu.sharing-strategy", CUDA_LABEL, "ex~ample.com/x",
                          "pool.example.com/name"]),
-        st.sampled_from(["time-slicing", "none", "12.1", "12.4", "h100-dedicated", "a100-mig"]),
+        st.sampled_from(["time-slicing", "none", "12.1", "12.4", "h100-dedicated", "a100-mig",
+                         "l40s-frac"]),
         max_size=2)))
     if selector is not None:
         spec["nodeSelector"] = selector
@@ -128,16 +139,45 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
+def _fractional_pools_policy(**rules: str) -> Policy:
+    """The fractional example (a CUDA-routed fractional pool, hamiCore on) plus the pools of
+    ``pools_policy`` and an explicitly chosen fractional pool with a default split."""
+    doc = fractional_policy().model_dump(mode="json", by_alias=True)
+    pools = pools_policy().model_dump(mode="json", by_alias=True)["spec"]["nodePools"]
+    doc["spec"]["nodePools"] += [p for p in pools if p["name"] != "a100-ts-cuda121"] + [{
+        "name": "l40s-frac", "nodeSelector": {"pool.example.com/name": "l40s-frac"},
+        "sharing": "fractional", "replicasPerGPU": 3, "memoryMiB": 46068}]
+    doc["spec"]["rules"].update(rules)
+    return policy_from_dict(doc)
+
+
 POLICIES: list[Policy] = [default_policy(), pools_policy(),
                           policy_with(cudaRouting={"driverAffinity": True},
                                       rules={"memory-limit": "warn",
-                                             "cuda-version-conflict": "audit"})]
+                                             "cuda-version-conflict": "audit"}),
+                          _fractional_pools_policy(),
+                          _fractional_pools_policy(**{"memory-limit": "warn",
+                                                      "gpu-visible-devices": "warn"})]
 
 
-def _strip_owned(pod: dict[str, Any]) -> dict[str, Any]:
-    """The pod without the fields rules own (so the rest must be byte-for-byte equal)."""
+def _strip_owned(pod: dict[str, Any], fractional: bool = False) -> dict[str, Any]:
+    """The pod without the fields rules own (so the rest must be byte-for-byte equal);
+    ``fractional``: also the GPU resources and annotations of a fractional pod."""
     out = copy.deepcopy(pod)
     spec = out["spec"]
+    if fractional:
+        for kind in ("containers", "initContainers"):
+            for c in spec.get(kind, []):
+                resources = c.get("resources")
+                for section in ("requests", "limits"):
+                    values = resources.get(section) if isinstance(resources, dict) else None
+                    if isinstance(values, dict):
+                        for name in FRACTIONAL_RESOURCES:
+                            values.pop(name, None)
+                        if not values:
+                            resources.pop(section)
+        for key in (GPU_MEMORY, GPU_CONFIGMAP):
+            out["metadata"].get("annotations", {}).pop(key, None)
     spec.pop("schedulerName", None)
     selector = spec.get("nodeSelector")
     if isinstance(selector, dict):
@@ -200,8 +240,33 @@ def _assert_upserted_not_appended(before: dict[str, Any], after: dict[str, Any])
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pod=pods(), policy_index=st.integers(0, len(POLICIES) - 1))
 def test_patch_properties(pod: dict[str, Any], policy_index: int) -> None:
-    policy = POLICIES[policy_index]
-    request = RequestFacts(namespace="team-a")
+    _check_properties(pod, POLICIES[policy_index])
+
+
+@st.composite
+def fractional_candidates(draw: st.DrawFn) -> dict[str, Any]:
+    """Generated pods pushed towards fractional GPUs: the first container asks for one GPU,
+    and the pod targets a fractional pool (by CUDA routing or by an explicit pool label)."""
+    pod = draw(pods())
+    first = pod["spec"]["containers"][0]
+    first["resources"] = {draw(st.sampled_from(["limits", "requests"])): {
+        draw(st.sampled_from(["nvidia.com/gpu", "nvidia.com/gpu.shared", GPU_MEMORY])):
+            draw(st.sampled_from([1, "1", "16k", 4096]))}}
+    if draw(st.booleans()):
+        pod["spec"]["nodeSelector"] = {"pool.example.com/name": "l40s-frac"}
+    else:
+        pod["metadata"].setdefault("labels", {})[CUDA_LABEL] = "12.4"
+    return pod
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pod=fractional_candidates(), policy_index=st.integers(3, len(POLICIES) - 1))
+def test_fractional_patch_properties(pod: dict[str, Any], policy_index: int) -> None:
+    _check_properties(pod, POLICIES[policy_index])
+
+
+def _check_properties(pod: dict[str, Any], policy: Policy) -> None:
+    request = RequestFacts(namespace="team-a", uid="1b2c3d4e-0000-4000-8000-000000000001")
     before = copy.deepcopy(pod)
     decision = evaluate(pod, request, policy)
     assert pod == before
@@ -210,14 +275,22 @@ def test_patch_properties(pod: dict[str, Any], policy_index: int) -> None:
         return
     after = jsonpatch.apply_patch(pod, list(decision.patch), in_place=False)
     assert pod == before
-    again = evaluate(after, request, policy)
+    again = evaluate(after, RequestFacts(namespace="team-a", uid="another-request"), policy)
     assert again.patch == (), again.patch
     assert again.allowed, again.violations
-    assert _strip_owned(after) == _strip_owned(before)
+    fractional = GPU_CONFIGMAP in (after["metadata"].get("annotations") or {}) and (
+        GPU_CONFIGMAP not in (before["metadata"].get("annotations") or {}))
+    if fractional:
+        event("made fractional")
+    assert _strip_owned(after, fractional) == _strip_owned(before, fractional)
     _assert_upserted_not_appended(before, after)
     _check_oracle(before, after)
     # validating the mutated pod finds nothing to deny
     assert evaluate(after, RequestFacts(namespace="team-a", stage="validate"), policy).allowed
+    # the webhook's own output when validated again as a CREATE under any UID
+    assert evaluate(after, RequestFacts(namespace="team-a", uid="x", stage="validate"),
+                    policy).violations == evaluate(
+        after, RequestFacts(namespace="team-a", stage="validate"), policy).violations
 
 
 # --- the builder against a naive reference --------------------------------------------
@@ -318,7 +391,8 @@ def test_builder_matches_reference(pod: dict[str, Any], decl: dict[str, Any]) ->
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False)
     | st.sampled_from(["", "0", "1", "12.1", "nvidia.com/gpu", "time-slicing", "In", "Gt",
-                       "training", "PyTorchJob", "gpu-admission.io/cuda-version"]),
+                       "training", "PyTorchJob", "gpu-admission.io/cuda-version",
+                       "4096", "16k", "9" * 5000, GPU_MEMORY]),
     lambda children: st.lists(children, max_size=3)
     | st.dictionaries(st.sampled_from(["name", "value", "valueFrom", "key", "operator",
                                        "values", "kind", "limits", "requests",
@@ -328,7 +402,9 @@ json_values = st.recursive(
 SPOTS = [("metadata", "labels"), ("metadata", "annotations"), ("metadata", "ownerReferences"),
          ("spec", "nodeSelector"), ("spec", "affinity"), ("spec", "schedulerName"),
          ("spec", "initContainers"), ("spec", "nodeName"), ("c", "env"), ("c", "resources"),
-         ("c", "image"), ("limits", "nvidia.com/gpu"), ("spec", "containers")]
+         ("c", "image"), ("limits", "nvidia.com/gpu"), ("spec", "containers"),
+         # fractional GPUs: the ask, the resource, a forged reference
+         ("annotations", GPU_MEMORY), ("annotations", GPU_CONFIGMAP), ("limits", GPU_MEMORY)]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -340,11 +416,13 @@ def test_garbage_never_raises(spots: list[tuple[tuple[str, str], Any]], policy_i
     limits: dict[str, Any] = {"nvidia.com/gpu": 1}
     container: dict[str, Any] = {"name": "c", "image": "nvidia/cuda:12.1.1-base-ubuntu22.04",
                                  "resources": {"limits": limits}}
+    annotations: dict[str, Any] = {}
     pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod",
-                           "metadata": {"name": "p", "namespace": "team-a"},
+                           "metadata": {"name": "p", "namespace": "team-a",
+                                        "annotations": annotations},
                            "spec": {"containers": [container]}}
     targets = {"metadata": pod["metadata"], "spec": pod["spec"], "c": container,
-               "limits": limits}
+               "limits": limits, "annotations": annotations}
     for (where, key), value in spots:
         targets[where][key] = value
     before = copy.deepcopy(pod)

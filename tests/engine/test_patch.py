@@ -217,3 +217,86 @@ def test_ops_values_are_not_the_pods_objects() -> None:
     ops[0]["value"][0]["matchExpressions"][0]["values"].append("x")
     assert pod["spec"]["affinity"]["nodeAffinity"][REQ]["nodeSelectorTerms"] == []
     assert NOT_SHARED["values"] == ["time-slicing", "mps"]
+
+
+# --- fractional GPUs: resources, whole env entries, annotations ------------------------------
+REF = {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {
+    "name": "gpu-admission-gpu-x", "key": "NVIDIA_VISIBLE_DEVICES", "optional": False}}}
+
+
+@pytest.mark.parametrize(("resources", "expected_ops", "expected"), [
+    pytest.param({"limits": {"nvidia.com/gpu": 1}},
+                 [{"op": "add", "path": "/spec/containers/0/resources/requests",
+                   "value": {"gpu-admission.io/gpu-memory": "4096"}},
+                  {"op": "remove", "path": "/spec/containers/0/resources/limits/nvidia.com~1gpu"},
+                  {"op": "add", "path":
+                   "/spec/containers/0/resources/limits/gpu-admission.io~1gpu-memory",
+                   "value": "4096"}],
+                 {"requests": {"gpu-admission.io/gpu-memory": "4096"},
+                  "limits": {"gpu-admission.io/gpu-memory": "4096"}}, id="limits-only"),
+    pytest.param({"requests": {"gpu-admission.io/gpu-memory": "4Ki", "cpu": "1"},
+                  "limits": {"gpu-admission.io/gpu-memory": 4096}},
+                 [], {"requests": {"gpu-admission.io/gpu-memory": "4Ki", "cpu": "1"},
+                      "limits": {"gpu-admission.io/gpu-memory": 4096}},
+                 id="equal-by-value-no-op"),
+    pytest.param({"requests": {"nvidia.com/gpu.shared": "1", "gpu-admission.io/gpu-memory": "1"},
+                  "limits": {"nvidia.com/gpu.shared": "1"}},
+                 [{"op": "remove",
+                   "path": "/spec/containers/0/resources/requests/nvidia.com~1gpu.shared"},
+                  {"op": "add", "path":
+                   "/spec/containers/0/resources/requests/gpu-admission.io~1gpu-memory",
+                   "value": "4096"},
+                  {"op": "remove",
+                   "path": "/spec/containers/0/resources/limits/nvidia.com~1gpu.shared"},
+                  {"op": "add", "path":
+                   "/spec/containers/0/resources/limits/gpu-admission.io~1gpu-memory",
+                   "value": "4096"}],
+                 {"requests": {"gpu-admission.io/gpu-memory": "4096"},
+                  "limits": {"gpu-admission.io/gpu-memory": "4096"}}, id="shared-and-wrong-share"),
+])
+def test_resources_set_and_removed(resources: dict[str, Any], expected_ops: list[Any],
+                                   expected: dict[str, Any]) -> None:
+    pod = make_pod(containers=[{"name": "m", "image": "x", "resources": resources}])
+
+    def build(b: PatchBuilder) -> None:
+        for section in ("requests", "limits"):
+            for name in ("nvidia.com/gpu", "nvidia.com/gpu.shared"):
+                b.set_resource("containers", 0, section, name, None)
+            b.set_resource("containers", 0, section, "gpu-admission.io/gpu-memory", "4096")
+
+    ops, after = _apply(pod, build)
+    assert ops == expected_ops
+    assert after["spec"]["containers"][0]["resources"] == expected
+
+
+@pytest.mark.parametrize(("env", "expected_ops"), [
+    pytest.param(None, [{"op": "add", "path": "/spec/containers/0/env", "value": [REF]}],
+                 id="absent"),
+    pytest.param([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+                 [{"op": "replace", "path": "/spec/containers/0/env/0", "value": REF}],
+                 id="literal-replaced"),
+    pytest.param([REF], [], id="same-entry-no-op"),
+])
+def test_whole_env_entry_upserted(env: list[Any] | None, expected_ops: list[Any]) -> None:
+    pod = make_pod(containers=[make_container(env=env)])
+    ops, after = _apply(pod, lambda b: b.upsert_env_entry("containers", 0, REF))
+    assert ops == expected_ops
+    assert after["spec"]["containers"][0]["env"][-1] == REF
+    if ops:  # the rendered value is a fresh object, not the declared one
+        assert ops[0]["value"] is not REF
+
+
+@pytest.mark.parametrize("meta", [None, {}, {"annotations": {"a/b": "c"}}],
+                         ids=["no-metadata", "no-annotations", "annotations"])
+def test_declared_annotations_and_the_summary_annotation(meta: dict[str, Any] | None) -> None:
+    pod: dict[str, Any] = {"spec": {"containers": []}}
+    if meta is not None:
+        pod["metadata"] = meta
+    builder = PatchBuilder(pod)
+    builder.set_annotation("gpu-admission.io/gpu-memory", "4096")
+    ops = builder.ops() + builder.annotation_ops("gpu-admission.io/mutated", "resources")
+    after = jsonpatch.apply_patch(pod, ops, in_place=False)
+    assert after["metadata"]["annotations"] == {
+        **(meta or {}).get("annotations", {}),
+        "gpu-admission.io/gpu-memory": "4096", "gpu-admission.io/mutated": "resources"}
+    assert changed_fields(ops) == ["metadata.annotations"]

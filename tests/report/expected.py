@@ -31,6 +31,9 @@ class Settings:
     replicas: int = 5  # default policy: 1 / defaultFraction 0.2
     share_mib: int = 16000  # default policy: defaultMemoryMiB
     target: float = 70.0  # default policy: placement.targetUtilizationPercent
+    card_mib: int = 80000  # fractional estimate: default policy's 16000 MiB / 0.2
+    headroom_mib: int = 1024  # default policy: placement.memoryHeadroomMiB
+    fractional_pool: str | None = None
 
 
 def nearest_rank_p95(values: Sequence[float]) -> float:
@@ -104,6 +107,7 @@ def expected(gpus: list[Gpu], s: Settings) -> dict[str, Any]:
     used = sum(alloc_utils) / 100 * h
     before = sum(1 for r in rows if r["pods"])
     needed = ffd(items, s)
+    frac_shared, frac_whole = ffd_fractional(items, s)
     hours = len(instants) * h
     return {
         "partial": missing_any,
@@ -121,7 +125,15 @@ def expected(gpus: list[Gpu], s: Settings) -> dict[str, Any]:
         "sharingEstimate": {"gpusBefore": before,
                             "utilizationPercentBefore": used / (before * hours) * 100,
                             "gpusNeeded": needed,
-                            "utilizationPercent": used / (needed * hours) * 100},
+                            "utilizationPercent": used / (needed * hours) * 100,
+                            "fractional": {
+                                "gpusNeeded": frac_shared + frac_whole,
+                                "utilizationPercent": used / ((frac_shared + frac_whole)
+                                                              * hours) * 100,
+                                "sharedGpus": frac_shared, "dedicatedGpus": frac_whole,
+                                "pool": s.fractional_pool, "memoryMiB": s.card_mib,
+                                "memoryHeadroomMiB": s.headroom_mib,
+                                "targetUtilizationPercent": int(s.target)}},
     }
 
 
@@ -138,3 +150,22 @@ def ffd(items: Sequence[tuple[float, float]], s: Settings) -> int:
         else:
             bins.append([load])
     return len(bins) + len(whole)
+
+
+def ffd_fractional(items: Sequence[tuple[float, float]], s: Settings) -> tuple[int, int]:
+    """The fractional estimate as the issue states it: pods sized by peak framebuffer and p95
+    load, first-fit decreasing onto cards that keep the headroom free and stay under the
+    target; no replica limit. Returns (shared GPUs, whole GPUs)."""
+    fits_a_card = [i for i in items if i[0] <= s.target and i[1] + s.headroom_mib <= s.card_mib]
+    whole = len(items) - len(fits_a_card)
+    cards: list[list[tuple[float, float]]] = []
+    for item in sorted(fits_a_card, key=lambda i: (-i[0], -i[1])):
+        for card in cards:
+            load = sum(i[0] for i in card) + item[0]
+            memory = sum(i[1] for i in card) + item[1] + s.headroom_mib
+            if load <= s.target and memory <= s.card_mib:
+                card.append(item)
+                break
+        else:
+            cards.append([item])
+    return len(cards), whole

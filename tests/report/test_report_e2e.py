@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from gpu_admission.prom import PrometheusClient
-from gpu_admission.report.html import AFTER_COLOR, IDLE_COLOR, SCALE
+from gpu_admission.report.html import AFTER_COLOR, FRACTIONAL_COLOR, IDLE_COLOR, SCALE
 from gpu_admission.report.query import fetch
 from gpu_admission.report.timeframe import Range
 from tests import chromium_support as png  # decode_png, count_color, Chromium flags
@@ -127,18 +127,37 @@ CASES = [
                   "--idle-below", "5"],
                  {"tz": "Europe/Berlin", "days": (0, 1, 2, 3), "begin": (9, 0),
                   "finish": (17, 30), "idle_below": 5.0}, id="berlin-mon-thu-idle-5"),
-    pytest.param(["--policy", "POLICY"], {"replicas": 4, "share_mib": 10240, "target": 60.0},
+    pytest.param(["--policy", "POLICY"], {"replicas": 4, "share_mib": 10240, "target": 60.0,
+                                          "card_mib": 40960},
                  id="time-slicing-pool"),
+    pytest.param(["--policy", "FRACTIONAL"],
+                 {"replicas": 4, "share_mib": 10240, "target": 50.0, "card_mib": 81920,
+                  "headroom_mib": 4096, "fractional_pool": "a100-frac"},
+                 id="fractional-pool"),
 ]
+
+FRACTIONAL_POLICY = POOL_POLICY.replace("""\
+  placement:
+    targetUtilizationPercent: 60
+""", """\
+  - name: a100-frac
+    nodeSelector: {pool: frac}
+    sharing: fractional
+    memoryMiB: 81920
+  placement:
+    targetUtilizationPercent: 50
+    memoryHeadroomMiB: 4096
+""")
 
 
 @pytest.mark.parametrize(("args", "settings"), CASES)
 def test_week_figures_match_the_generated_data(env: Env, args: list[str],
                                                settings: dict[str, Any]) -> None:
-    if "POLICY" in args:
-        policy = env.work / "pool-policy.yaml"
-        policy.write_text(POOL_POLICY)
-        args = [str(policy) if a == "POLICY" else a for a in args]
+    for marker, text in (("POLICY", POOL_POLICY), ("FRACTIONAL", FRACTIONAL_POLICY)):
+        if marker in args:
+            policy = env.work / f"{marker.lower()}-policy.yaml"
+            policy.write_text(text)
+            args = [str(policy) if a == marker else a for a in args]
     code, doc = report_json(env, env.start, env.end, *args)
     want = expected(env.week, Settings(env.start, env.end, STEP, **settings))
     assert_same(doc, want)
@@ -151,6 +170,9 @@ def test_week_figures_match_the_generated_data(env: Env, args: list[str],
                                                        "First-fit decreasing")
     if "--policy" in args:
         assert doc["sharingEstimate"]["pool"] == "a100-shared"
+    assert doc["sharingEstimate"]["fractional"]["method"].startswith(
+        "Estimate, not a measurement. Fractional GPUs: the same items, each sized by its peak "
+        "framebuffer use (DCGM_FI_DEV_FB_USED) and its p95 SM utilisation")
 
 
 def iso(ts: int) -> str:
@@ -217,9 +239,16 @@ def test_table_and_csv_show_the_json_figures(env: Env) -> None:
     assert by_scope["sharingEstimate"][0]["gpusNeeded"] == str(s["gpusNeeded"])
     assert by_scope["sharingEstimate"][0]["utilizationPercent"] == str(s["utilizationPercent"])
     assert by_scope["sharingBefore"][0]["gpus"] == str(s["gpusBefore"])
-    assert f"after (estimate)  {s['gpusNeeded']:>4}  {s['utilizationPercent']:>13}" \
-        in table.stdout
+    lines = [" ".join(li.split()) for li in table.stdout.splitlines()]
+    assert f"after (estimate) {s['gpusNeeded']} {s['utilizationPercent']}" in lines
     assert s["method"] in table.stdout
+    # the fractional estimate, next to the time-sliced one, in every format
+    f = s["fractional"]
+    assert by_scope["fractionalEstimate"] == [{
+        **dict.fromkeys(rows[0], ""), "scope": "fractionalEstimate",
+        "gpusNeeded": str(f["gpusNeeded"]), "utilizationPercent": str(f["utilizationPercent"])}]
+    assert f"after, fractional (estimate) {f['gpusNeeded']} {f['utilizationPercent']}" in lines
+    assert "fractional method: " + f["method"] in table.stdout.splitlines()
 
 
 def test_out_file_gets_the_report(env: Env, tmp_path: Path) -> None:
@@ -378,6 +407,10 @@ def test_html_in_headless_chromium_shows_the_json_figures(env: Env, chromium: st
     assert re.findall(r'data-label="after \(estimate\)" data-value="([^"]+)"', dom) == [
         str(s["gpusNeeded"]), str(s["utilizationPercent"])]
     assert "How the sharing estimate is made:" in dom and "First-fit decreasing" in dom
+    f = s["fractional"]
+    assert re.findall(r'data-label="after, fractional \(estimate\)" data-value="([^"]+)"',
+                      dom) == [str(f["gpusNeeded"]), str(f["utilizationPercent"])]
+    assert "How the fractional estimate is made:" in dom and "peak framebuffer" in dom
     assert dom.count("<tr>") == 1 + len(doc["gpus"]) + 1 + len(doc["namespaces"]) + 1 + \
         len(doc["nodes"])
 
@@ -387,4 +420,5 @@ def test_html_in_headless_chromium_shows_the_json_figures(env: Env, chromium: st
     # the training GPU
     assert png.count_color(rows, IDLE_COLOR) > 2000
     assert png.count_color(rows, AFTER_COLOR) > 2000
+    assert png.count_color(rows, FRACTIONAL_COLOR) > 2000
     assert png.count_color(rows, SCALE[-1]) > 2000
