@@ -47,6 +47,7 @@ from gpu_admission.workloads import (
     WorkloadError,
     expand_lists,
     pod_templates,
+    skip_reason,
     with_mutated_template,
 )
 
@@ -236,8 +237,9 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
             if templates:
                 jobs.append((name, index, doc, templates))
             else:
+                why = skip_reason(doc)
                 click.echo(f"{name}: document {index}: skipped {doc.get('kind')} "
-                           "(no pod template)", err=True)
+                           f"(no pod template{': ' + why if why else ''})", err=True)
     if not jobs:
         raise InputError("no Pod or workload with a pod template in the input")
     if ephemeral:  # every pod must name the container it adds, before anything is printed
