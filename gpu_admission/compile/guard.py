@@ -38,6 +38,7 @@ from gpu_admission.decision import Mode
 from gpu_admission.patch import escape
 from gpu_admission.policy.model import Policy
 from gpu_admission.rules import gpu_access
+from gpu_admission.sharing_systems import HAMI_RESOURCES, KAI_ANNOTATIONS
 from gpu_admission.vocab import GPU_MEMORY_RESOURCE, MUTATED_ANNOTATION, NAMESPACE_OPT_IN_LABEL
 
 from .cel import lit, rec, var
@@ -78,17 +79,23 @@ HELM_INCLUDES = {
     HELM_DIGEST: '{{ include "gpu-admission.guard.digest" . }}',
 }
 
-_GPU_NAMES = ("r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || "
+_GPU_NAMES = ("(r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || "
               "r.startsWith('nvidia.com/mig-') || "
               "r.startsWith('deviceclass.resource.kubernetes.io/') || "
-              f"r == '{GPU_MEMORY_RESOURCE}'")
+              f"r == '{GPU_MEMORY_RESOURCE}' || "
+              # HAMi's resources (engine._maybe_other): rule other-sharing-system is the webhook's
+              + " || ".join(f"r == '{name}'" for name in HAMI_RESOURCES) + ")")
+#: KAI-Scheduler's pod annotations (engine._maybe_other): such pods are the webhook's too.
+_KAI = " || ".join(f"'{key}' in object.metadata.annotations" for key in KAI_ANNOTATIONS)
 
 
 def gpu_or_dra_pod() -> str:
     """The split: a pod naming a GPU resource (``nvidia.com/gpu``, ``nvidia.com/gpu.shared``,
-    ``nvidia.com/mig-*``, the fractional pools' ``gpu-admission.io/gpu-memory``) or a DRA one
-    (``deviceclass.resource.kubernetes.io/*``, any ``spec.resourceClaims``) in a container or
-    init container, whatever the quantity. A
+    ``nvidia.com/mig-*``, the fractional pools' ``gpu-admission.io/gpu-memory``, HAMi's
+    ``nvidia.com/gpumem*``/``gpucores``) or a DRA one (``deviceclass.resource.kubernetes.io/*``,
+    any ``spec.resourceClaims``) in a container or init container, whatever the quantity, or
+    KAI-Scheduler's ``gpu-fraction``/``gpu-memory`` annotation (other sharing systems are
+    judged by the webhook, rule ``other-sharing-system``). A
     superset of the engine's GPU pods (a zero quantity goes to the webhook, which decides it
     as a non-GPU pod), so the guard half never sees a pod the engine treats as a GPU pod.
     Every access is guarded with ``has()`` (an error under ``Fail`` would refuse the pod)."""
@@ -101,7 +108,9 @@ def gpu_or_dra_pod() -> str:
         per_kind.append(f"(has({lst}) && {lst}.exists(c, has(c.resources) && (\n      "
                         f"{keys})))")
     return ("has(object.spec) && (\n  (has(object.spec.resourceClaims) && "
-            "size(object.spec.resourceClaims) > 0) ||\n  " + " ||\n  ".join(per_kind) + ")")
+            "size(object.spec.resourceClaims) > 0) ||\n  "
+            f"(has(object.metadata.annotations) && ({_KAI})) ||\n  "
+            + " ||\n  ".join(per_kind) + ")")
 
 
 def guard_inputs(policy: Policy) -> dict[str, Any]:

@@ -208,3 +208,18 @@ def test_fractional_pods_go_to_the_webhook() -> None:
                                               gpu="8000")])
     assert cel_match(pod, "CREATE", "base") is True
     assert guard_match(pod) is False
+
+
+@pytest.mark.parametrize("pod", [
+    pytest.param(make_pod(annotations={"gpu-fraction": "0.5"},
+                          containers=[make_container(gpu=None)]), id="kai-fraction"),
+    pytest.param(make_pod(annotations={"gpu-memory": "4000"},
+                          containers=[make_container(gpu=None)]), id="kai-memory"),
+    pytest.param(make_pod(containers=[make_container(resource="nvidia.com/gpumem", gpu="4000")]),
+                 id="hami-memory"),
+])
+def test_other_sharing_systems_pods_go_to_the_webhook(pod: dict[str, Any]) -> None:
+    """KAI-Scheduler and HAMi pods (engine._maybe_other: rule other-sharing-system) are the
+    webhook's, whatever their GPU resources."""
+    assert cel_match(pod, "CREATE", "base") is True
+    assert guard_match(pod) is False

@@ -49,12 +49,13 @@ spec:
     expression: |-
       !(has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
+        (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))))))))
   - name: not-exempt-user
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
@@ -183,12 +184,13 @@ spec:
     expression: |-
       !(has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
+        (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))))))))
   - name: not-exempt-user
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
@@ -307,12 +309,13 @@ spec:
     expression: |-
       !(has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
+        (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))))))))
   - name: not-exempt-user
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
@@ -506,12 +509,13 @@ spec:
     expression: |-
       !(has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
+        (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))))))))
   - name: not-exempt-user
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})

@@ -54,12 +54,13 @@ matchConditions:
     expression: |
       has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
+        (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))))
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))))
 {{- else -}}
 # Pods sent to the webhook: GPU and DRA pods, and every pod creation or kubectl-debug
 # ephemeral container the GPU-access guard may change or deny (the API server serves no
@@ -71,12 +72,13 @@ matchConditions:
     expression: |-
       (has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
+        (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))))) ||
       (has(object.spec) && request.operation == 'CREATE' && (
           (has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) ||
           (has(object.spec.containers) && object.spec.containers.exists(c,
