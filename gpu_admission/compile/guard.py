@@ -174,6 +174,9 @@ def _program(policy: Policy, modes_literal: str) -> Program:
              "the void upserts and the gpu-admission.io/mutated annotation (none on an "
              "ephemeral-container UPDATE: the subresource keeps only the containers); nothing "
              "when an enforce-mode guard rule denies")
+    prog.add("clean", _clean_pod(),
+             "every container void/none and no hostPath: no finding (the audit policy's "
+             "shortcut past the analysis)")
     prog.add("auditRecord",
              rec(decision=f'size({var("denials")}) > 0 ? "denied" : "allowed"',
                  violations=f'{var("violations")}.map(v, v.rule + "=" + {modes}[v.rule])'
@@ -217,11 +220,16 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
              "values": [HELM_OPT_IN_VALUE if helm else "true"]},
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}]}}
     mutate = f"{var('patch')}.map(o, JSONPatch{{op: o.op, path: o.path, value: o.value}})"
+    # A pod whose containers all carry only void/none entries gets nothing from the mutating
+    # policy (no isolate state, so no upsert): skipped with one cheap condition, which also
+    # ends the reinvocation after its own upserts.
+    map_conditions = [*conditions, {"name": "not-already-clean",
+                                    "expression": f"!({_clean_pod(hostpath=False)})"}]
     objects: list[dict[str, Any]] = [{
         "apiVersion": GROUP, "kind": "MutatingAdmissionPolicy",
         "metadata": _metadata(MAP_NAME, digest),
         "spec": {"failurePolicy": "Fail", "reinvocationPolicy": "IfNeeded",
-                 "matchConstraints": constraints, "matchConditions": conditions,
+                 "matchConstraints": constraints, "matchConditions": map_conditions,
                  "variables": _needed(prog, [mutate]),
                  "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": mutate}}]}},
         _binding("MutatingAdmissionPolicy", MAP_NAME, digest, None)]
@@ -238,7 +246,7 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
         vap_conditions = list(conditions)
         if mode is not Mode.AUDIT:  # the audit policy also writes the audit annotations
             vap_conditions.append({"name": f"a-guard-rule-in-{mode}-mode", "expression": in_mode})
-        if mode is Mode.ENFORCE:
+        if mode is not Mode.AUDIT:  # the audit policy records every decision, clean or not
             vap_conditions.append({"name": "not-already-clean", "expression": f"!({clean})"})
         validations: list[dict[str, str]] = []
         notes: list[dict[str, str]] = []
@@ -259,12 +267,17 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
                                           if last else f"{warnings}[{i}]"),
                     "message": "GPU sharing policy warning (gpu-admission)"})
         else:
+            # A clean pod (what the mutating policy leaves on a typical CPU pod) has no
+            # finding: one walk of its env entries answers, the guard's analysis is skipped
+            # (variables are evaluated lazily, on first use).
             validations.append({
-                "expression": f"size({var('audits')}) == 0",
+                "expression": f"{var('clean')} || size({var('audits')}) == 0",
                 "messageExpression": f'{var("audits")}.map(v, "[" + v.rule + "] " + v.path + '
                                      '": " + v.message).join("; ")',
                 "message": "GPU sharing policy audit finding (gpu-admission)"})
-            notes = [{"key": key, "valueExpression": f"string({var('auditRecord')}[{lit(key)}])"}
+            clean_value = {"decision": lit("allowed"), "violations": '""', "warnings": '""'}
+            notes = [{"key": key, "valueExpression": f"{var('clean')} ? {clean_value[key]} : "
+                                                     f"string({var('auditRecord')}[{lit(key)}])"}
                      for key in ("decision", "violations", "warnings")]
         exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
         exprs += [n["valueExpression"] for n in notes]
@@ -288,10 +301,12 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
     return Compiled(objects=objects, comments=comments)
 
 
-def _clean_pod() -> str:
+def _clean_pod(*, hostpath: bool = True) -> str:
     """Every container and init container (and, on an ephemeral-container UPDATE, every
     ephemeral container) has only ``void``/``none`` NVIDIA_VISIBLE_DEVICES entries, at least
-    one, and the pod mounts no hostPath: the guard has nothing to say (docs/guard.md)."""
+    one, and the pod mounts no hostPath: the guard has nothing to say (docs/guard.md).
+    ``hostpath=False``: the env part only (the mutating policy's skip: a hostPath volume is
+    denied, never mutated)."""
     env = lit(gpu_access.ENV)
     ok = lit(sorted(gpu_access.NO_DEVICE_VALUES))
     each = (f"has(c.env) && c.env.exists(e, has(e.name) && e.name == {env}) && c.env.all(e, "
@@ -300,6 +315,8 @@ def _clean_pod() -> str:
     kinds = ["containers", "initContainers", gpu_access.EPHEMERAL_KIND]
     per_kind = " && ".join(f"(!has(object.spec.{k}) || object.spec.{k}.all(c, {each}))"
                            for k in kinds)
+    if not hostpath:
+        return per_kind
     return ("!(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && "
             + per_kind)
 

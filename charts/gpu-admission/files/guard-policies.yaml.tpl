@@ -62,6 +62,9 @@ spec:
   - name: not-exempt-group
     expression: |-
       !(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }}))
+  - name: not-already-clean
+    expression: |-
+      !((!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
   variables:
   - name: modes
     expression: |-
@@ -325,6 +328,9 @@ spec:
   - name: a-guard-rule-in-warn-mode
     expression: |-
       {{ include "gpu-admission.guard.modes" . }}.exists(r, {{ include "gpu-admission.guard.modes" . }}[r] == "warn")
+  - name: not-already-clean
+    expression: |-
+      !(!(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
   variables:
   - name: modes
     expression: |-
@@ -569,13 +575,17 @@ spec:
     expression: |-
       // engine.short_warning per warn-mode violation, duplicates dropped
       variables.warns.map(v, [(v.rule + ": " + v.message).split(" ").filter(s, s != "").join(" ")].map(t, size(t) <= 120 ? t : [t.substring(0, 117)].map(s, s.endsWith(" ") ? s.substring(0, size(s) - 1) : s)[0] + "...")[0]).distinct()
+  - name: clean
+    expression: |-
+      // every container void/none and no hostPath: no finding (the audit policy's shortcut past the analysis)
+      !(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"]))))
   - name: auditRecord
     expression: |-
       // the webhook's audit annotations for a pod without a GPU
       {"decision": dyn(size(variables.denials) > 0 ? "denied" : "allowed"), "violations": dyn(variables.violations.map(v, v.rule + "=" + variables.modes[v.rule]).join(",")), "warnings": dyn(size(variables.warnings) > 0 ? string(size(variables.warnings)) : "")}
   validations:
   - expression: |-
-      size(variables.audits) == 0
+      variables.clean || size(variables.audits) == 0
     messageExpression: |-
       variables.audits.map(v, "[" + v.rule + "] " + v.path + ": " + v.message).join("; ")
     message: |-
@@ -583,13 +593,13 @@ spec:
   auditAnnotations:
   - key: decision
     valueExpression: |-
-      string(variables.auditRecord["decision"])
+      variables.clean ? "allowed" : string(variables.auditRecord["decision"])
   - key: violations
     valueExpression: |-
-      string(variables.auditRecord["violations"])
+      variables.clean ? "" : string(variables.auditRecord["violations"])
   - key: warnings
     valueExpression: |-
-      string(variables.auditRecord["warnings"])
+      variables.clean ? "" : string(variables.auditRecord["warnings"])
 ---
 # Binds guard-audit.gpu-admission.io with validationActions ['Audit'].
 apiVersion: admissionregistration.k8s.io/v1
