@@ -41,7 +41,7 @@ from gpu_admission.rules import gpu_access
 from gpu_admission.sharing_systems import HAMI_RESOURCES, KAI_ANNOTATIONS
 from gpu_admission.vocab import GPU_MEMORY_RESOURCE, MUTATED_ANNOTATION, NAMESPACE_OPT_IN_LABEL
 
-from .cel import lit, rec, var
+from .cel import lit, rec, srec, var
 from .compiler import (
     ACTIONS,
     ALWAYS_EXCLUDED,
@@ -159,14 +159,19 @@ def _program(policy: Policy, modes_literal: str) -> Program:
              f'(["env"] + {var("mutatedBefore")}.split(",").filter(k, k != ""))'
              '.distinct().sort().join(",")',
              "engine._annotation_value: the env kind merged with the old value")
+    # without annotations the merged value is the env kind alone: no variable to evaluate
     add_map = rec(op=lit("add"), path=lit("/metadata/annotations"),
-                  value="{" + key + ": " + var("mutatedValue") + "}")
+                  value="{" + key + ": " + lit("env") + "}")
     add_key = rec(op=lit("add"), path=lit("/metadata/annotations/" + escape(MUTATED_ANNOTATION)),
                   value=var("mutatedValue"))
-    ops = var("guardOps")
+    _simple_pod(prog, modes)
+    simple = var("simple")
+    prog.add("voidOps", f"{simple} ? {var('simpleOps')} : {var('guardOps')}",
+             "the void upserts: the direct ones for a simple pod, else the guard's analysis")
+    ops = var("voidOps")
     prog.add("patch",
-             f"size({var('denials')}) > 0 || size({ops}) == 0 ? []\n"
-             f"  : {var('ephemeral')} ? {ops}\n"
+             f"(!{simple} && size({var('denials')}) > 0) || size({ops}) == 0 ? []\n"
+             f"  : !{simple} && {var('ephemeral')} ? {ops}\n"
              f"  : !has({ann}) ? {ops} + [{add_map}]\n"
              f"  : {var('mutatedValue')} != {var('mutatedBefore')} || !({key} in {ann}) "
              f"? {ops} + [{add_key}]\n"
@@ -185,6 +190,37 @@ def _program(policy: Policy, modes_literal: str) -> Program:
                           ': ""'),
              "the webhook's audit annotations for a pod without a GPU")
     return prog
+
+
+def _simple_pod(prog: Program, modes: str) -> None:
+    """The typical CPU pod, decided without the guard's per-container analysis (variables are
+    evaluated lazily, so ``guardStates`` and the violations are never computed for it): a pod
+    CREATE with ``gpu-access-isolation`` in enforce mode, no hostPath volume and no
+    NVIDIA_VISIBLE_DEVICES entry in any container or init container. Every container is then
+    in the ``isolate`` state, no rule can find anything, and the patch is one void upsert per
+    container, in the order GuardUnit's ``guardOps`` writes them (containers, then init
+    containers): ``add .../env`` without an env list, ``add .../env/-`` with one."""
+    env = lit(gpu_access.ENV)
+    kinds = ("containers", "initContainers")
+    no_entry = " && ".join(
+        f"(!has(object.spec.{k}) || object.spec.{k}.all(c, !has(c.env) || "
+        f"!c.env.exists(e, has(e.name) && e.name == {env})))" for k in kinds)
+    prog.add("simple",
+             f'request.operation == "CREATE" && {modes}[{lit(gpu_access.ISOLATION)}] == '
+             f"{lit(str(Mode.ENFORCE))} && !(has(object.spec.volumes) && "
+             f"object.spec.volumes.exists(v, has(v.hostPath))) && {no_entry}",
+             "a pod CREATE without hostPath and without any NVIDIA_VISIBLE_DEVICES entry, "
+             "isolation enforced: every container gets void, nothing else can be found")
+    value = srec(name=env, value=lit(gpu_access.VOID))
+    parts = []
+    for k in kinds:
+        lst = f"object.spec.{k}"
+        base = f'"/spec/{k}/" + string(i) + "/env"'
+        whole = rec(op=lit("add"), path=base, value=f"[{value}]")
+        append = rec(op=lit("add"), path=f'{base} + "/-"', value=value)
+        parts.append(f"(has({lst}) ? lists.range(size({lst})).map(i, has({lst}[i].env) ? "
+                     f"{append} : {whole}) : [])")
+    prog.add("simpleOps", " + ".join(parts), "the simple pod's void upserts")
 
 
 def _needed(prog: Program, expressions: list[str]) -> list[dict[str, str]]:
