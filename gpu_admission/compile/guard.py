@@ -69,6 +69,10 @@ HELM_NAMESPACES = "GUARD_EXCLUDED_NAMESPACES"
 HELM_DIGEST = "GUARD_DIGEST"
 HELM_OPT_IN_KEY = "GUARD_OPT_IN_KEY"
 HELM_OPT_IN_VALUE = "GUARD_OPT_IN_VALUE"
+#: The chart renders the guard's deny (warn) policy and binding only when a guard rule is in
+#: enforce (warn) mode, as compile_guard does for a policy (helper gpu-admission.guard.modeUsed).
+HELM_MODE_USED = ('{{{{- if include "gpu-admission.guard.modeUsed" '
+                  '(dict "root" . "mode" "{mode}") }}}}')
 HELM_INCLUDES = {
     HELM_OPT_IN_KEY: "{{ .Values.webhook.namespaceOptInLabel.key }}",
     HELM_OPT_IN_VALUE: "{{ .Values.webhook.namespaceOptInLabel.value | quote }}",
@@ -276,12 +280,15 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
     # A pod the mutating policy left clean (every container void/none, no hostPath) cannot
     # violate an enforce rule: the deny policy skips it with one cheap condition.
     clean = _clean_pod()
+    used = set(inputs["modes"].values())
     for mode in (Mode.ENFORCE, Mode.WARN, Mode.AUDIT):
         name = VAP_NAMES[mode]
-        in_mode = f"{modes_literal}.exists(r, {modes_literal}[r] == {lit(str(mode))})"
+        # The deny and warn policies exist only when a guard rule is in their mode (the
+        # chart: the same test on its modes, HELM_MODE_USED); the audit policy always, it
+        # records every decision. An absent object costs the API server nothing per pod.
+        if mode is not Mode.AUDIT and not helm and str(mode) not in used:
+            continue
         vap_conditions = list(conditions)
-        if mode is not Mode.AUDIT:  # the audit policy also writes the audit annotations
-            vap_conditions.append({"name": f"a-guard-rule-in-{mode}-mode", "expression": in_mode})
         if mode is not Mode.AUDIT:  # the audit policy records every decision, clean or not
             vap_conditions.append({"name": "not-already-clean", "expression": f"!({clean})"})
         validations: list[dict[str, str]] = []
@@ -400,7 +407,12 @@ def render_guard(policy: Policy, *, helm: bool = False) -> str:
     for index, (obj, comment) in enumerate(zip(result.objects, result.comments, strict=True)):
         text = yaml.dump(obj, Dumper=_BlockDumper, sort_keys=False, allow_unicode=True,
                          width=100, default_flow_style=False)
-        parts.append(("\n".join(head) + "\n" if index == 0 else "") + f"# {comment}\n" + text)
+        text = ("\n".join(head) + "\n" if index == 0 else "") + f"# {comment}\n" + text
+        mode = next((m for m, n in VAP_NAMES.items() if n == obj["metadata"]["name"]), None)
+        if helm and mode in (Mode.ENFORCE, Mode.WARN):  # the policy, then its binding
+            text = (HELM_MODE_USED.format(mode=mode) + "\n" + text
+                    if obj["kind"] == "ValidatingAdmissionPolicy" else text + "{{- end }}\n")
+        parts.append(text)
     text = "---\n".join(parts)
     if helm:
         for placeholder, include in HELM_INCLUDES.items():

@@ -18,6 +18,7 @@ Proven here, on the objects ``kubectl kustomize`` renders:
 from __future__ import annotations
 
 import copy
+import itertools
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,8 @@ from gpu_admission.compile.guard import (
 from gpu_admission.decision import RequestFacts
 from gpu_admission.dra.analysis import needs_analysis
 from gpu_admission.engine import evaluate, gpu_containers
-from gpu_admission.policy.model import default_policy, policy_from_yaml
+from gpu_admission.policy.model import default_policy, policy_from_dict, policy_from_yaml
+from gpu_admission.rules import gpu_access
 from tests.builders import make_container, make_pod
 from tests.install.test_manifests import (
     MANIFESTS,
@@ -196,11 +198,24 @@ def test_what_an_outage_does() -> None:
         assert (allowed, message, stored) == (True, "", pod)
 
 
-def test_guard_compiles_for_every_mode_combination() -> None:
+@pytest.mark.parametrize("modes", list(itertools.product(["enforce", "warn", "audit"],
+                                                          repeat=3)),
+                         ids=lambda m: "-".join(m))
+def test_guard_compiles_for_every_mode_combination(modes: tuple[str, str, str]) -> None:
     """Bad input cannot silently drop the guard: every mode of the three rules compiles (the
-    modes are data in the CEL), and the deny, warn and audit policies are always present."""
-    kinds = [o["kind"] for o in compile_guard(default_policy()).objects]
-    assert kinds.count("ValidatingAdmissionPolicy") == 3
+    modes are data in the CEL); the deny and warn policies are there exactly when a guard rule
+    is in their mode (an absent one costs the API server nothing), the audit policy always
+    (it records every decision); each policy with its binding."""
+    doc = default_policy().model_dump(mode="json", by_alias=True)
+    rules = (gpu_access.ISOLATION, gpu_access.VISIBLE_DEVICES, gpu_access.DEVICE_HOSTPATH)
+    doc["spec"]["rules"].update(dict(zip(rules, modes, strict=True)))
+    objects = compile_guard(policy_from_dict(doc)).objects
+    names = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    expected = {f"guard-{m}.gpu-admission.io" for m in ("enforce", "warn") if m in modes}
+    assert names == expected | {"guard-audit.gpu-admission.io"}
+    bound = {o["spec"]["policyName"] for o in objects
+             if o["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert bound == names
 
 
 def test_fractional_pods_go_to_the_webhook() -> None:

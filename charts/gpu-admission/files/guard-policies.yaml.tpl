@@ -152,6 +152,7 @@ metadata:
 spec:
   policyName: guard.gpu-admission.io
 ---
+{{- if include "gpu-admission.guard.modeUsed" (dict "root" . "mode" "enforce") }}
 # The guard's rules in enforce mode: one validation with the webhook's whole denial message.
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
@@ -212,9 +213,6 @@ spec:
   - name: not-exempt-group
     expression: |-
       !(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }}))
-  - name: a-guard-rule-in-enforce-mode
-    expression: |-
-      {{ include "gpu-admission.guard.modes" . }}.exists(r, {{ include "gpu-admission.guard.modes" . }}[r] == "enforce")
   - name: not-already-clean
     expression: |-
       !(!(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
@@ -276,7 +274,9 @@ spec:
   policyName: guard-enforce.gpu-admission.io
   validationActions:
   - Deny
+{{- end }}
 ---
+{{- if include "gpu-admission.guard.modeUsed" (dict "root" . "mode" "warn") }}
 # The guard's rules in warn mode: one admission warning per validation slot (16).
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
@@ -337,9 +337,6 @@ spec:
   - name: not-exempt-group
     expression: |-
       !(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }}))
-  - name: a-guard-rule-in-warn-mode
-    expression: |-
-      {{ include "gpu-admission.guard.modes" . }}.exists(r, {{ include "gpu-admission.guard.modes" . }}[r] == "warn")
   - name: not-already-clean
     expression: |-
       !(!(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES") && c.env.all(e, !has(e.name) || e.name != "NVIDIA_VISIBLE_DEVICES" || (has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
@@ -479,6 +476,7 @@ spec:
   policyName: guard-warn.gpu-admission.io
   validationActions:
   - Warn
+{{- end }}
 ---
 # The guard's rules in audit mode, and the webhook's audit annotations (audit.gpu-admission.io style, read by `gpu-admission audit`).
 apiVersion: admissionregistration.k8s.io/v1

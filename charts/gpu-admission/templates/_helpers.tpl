@@ -122,6 +122,13 @@ webhook keeps the guard for every pod (API servers before 1.36, or webhook.guard
 {{- toJson $modes -}}
 {{- end -}}
 
+{{/* "true" when a guard rule is in mode .mode (dict "root" . "mode" "warn"): the guard's
+enforce and warn policies exist only then (gpu_admission.compile.guard.compile_guard). */}}
+{{- define "gpu-admission.guard.modeUsed" -}}
+{{- $modes := include "gpu-admission.guard.modes" .root | fromJson -}}
+{{- if has .mode (values $modes) }}true{{ end -}}
+{{- end -}}
+
 {{- define "gpu-admission.guard.users" -}}
 {{- $ex := include "gpu-admission.guard.exemptions" . | fromJson -}}
 {{- toJson (default list $ex.users | uniq | sortAlpha) -}}
