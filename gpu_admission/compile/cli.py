@@ -20,7 +20,14 @@ import click
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 
 from .compiler import CompileFailure, compile_policy, webhook_policy
-from .guard import DIGEST_ANNOTATION, compile_guard, guard_digest, render_guard
+from .guard import (
+    DIGEST_ANNOTATION,
+    MAP_NAME,
+    VAP_NAMES,
+    compile_guard,
+    guard_digest,
+    render_guard,
+)
 from .render import dump, render
 from .units import WebhookOnly
 
@@ -137,6 +144,14 @@ def _check_guard(policy: Policy, kubeconfig: Path | None, context: str | None) -
             drift += 1
         else:
             click.echo(f"{kind} {name}: in step ({digest})")
+    # a guard policy this policy no longer has (the deny or warn policy exists only while a
+    # guard rule is in its mode): `kubectl apply` without --prune leaves it running
+    guard_names = {MAP_NAME, *VAP_NAMES.values()}
+    for kind, name in sorted(set(found) - want):
+        if name in guard_names:
+            click.echo(f"{kind} {name}: not part of this policy's guard (no guard rule in its "
+                       "mode): delete it with its binding")
+            drift += 1
     return 1 if drift else 0
 
 

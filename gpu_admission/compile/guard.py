@@ -352,9 +352,9 @@ def _clean_pod(*, hostpath: bool = True) -> str:
     denied, never mutated)."""
     env = lit(gpu_access.ENV)
     ok = lit(sorted(gpu_access.NO_DEVICE_VALUES))
-    each = (f"has(c.env) && c.env.exists(e, has(e.name) && e.name == {env}) && c.env.all(e, "
-            f"!has(e.name) || e.name != {env} || (has(e.value) && !has(e.valueFrom) && "
-            f"e.value in {ok}))")
+    # one pass over env (its NVIDIA_VISIBLE_DEVICES entries), then over those few entries
+    each = (f"has(c.env) && [c.env.filter(e, has(e.name) && e.name == {env})].all(l, "
+            f"size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in {ok}))")
     kinds = ["containers", "initContainers", gpu_access.EPHEMERAL_KIND]
     per_kind = " && ".join(f"(!has(object.spec.{k}) || object.spec.{k}.all(c, {each}))"
                            for k in kinds)

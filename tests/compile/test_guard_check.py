@@ -16,7 +16,7 @@ import yaml
 from gpu_admission.compile.evaluator import admit
 from gpu_admission.compile.guard import compile_guard, guard_digest
 from gpu_admission.decision import RequestFacts
-from gpu_admission.policy.model import default_policy
+from gpu_admission.policy.model import default_policy, policy_from_dict
 from tests.builders import make_container, make_pod
 from tests.compile.test_audit_and_limits import _event
 from tests.kube_api_support import api_in_thread
@@ -48,7 +48,11 @@ def test_drift_and_missing_objects_are_named(tmp_path: Path) -> None:
     stale["metadata"]["annotations"]["gpu-admission.io/guard-digest"] = "sha256:0000000000000000"
     policy = tmp_path / "policy.yaml"
     doc = default_policy().model_dump(mode="json", by_alias=True)
-    with api_in_thread(tmp_path, objects[0], stale) as kubeconfig:
+    doc["spec"]["rules"]["gpu-visible-devices"] = "warn"
+    leftover = next(o for o in compile_guard(policy_from_dict(doc)).objects  # an older policy's
+                    if o["metadata"]["name"] == "guard-warn.gpu-admission.io")
+    doc = default_policy().model_dump(mode="json", by_alias=True)
+    with api_in_thread(tmp_path, objects[0], stale, leftover) as kubeconfig:
         proc = check(kubeconfig)
         doc["spec"]["exemptions"]["users"] = ["ci-bot"]
         policy.write_text(yaml.safe_dump(doc))
@@ -58,7 +62,10 @@ def test_drift_and_missing_objects_are_named(tmp_path: Path) -> None:
     name = stale["metadata"]["name"]
     assert (f"ValidatingAdmissionPolicy {name}: guard digest sha256:0000000000000000, the "
             f"policy's is {guard_digest(default_policy())}: compile and apply again") in lines
-    assert sum("missing" in line for line in lines) == 2  # the warn and audit policies
+    assert sum("missing" in line for line in lines) == 1  # the audit policy
+    # the built-in policy has no guard rule in warn mode: a warn policy left behind is named
+    assert ("ValidatingAdmissionPolicy guard-warn.gpu-admission.io: not part of this policy's "
+            "guard (no guard rule in its mode): delete it with its binding") in lines
     assert changed.returncode == 1
     assert "in step" not in changed.stdout  # another policy: every object drifts
 
