@@ -197,7 +197,9 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
     dra = OfflineDra()  # DeviceClasses, claims, templates: docs/dra.md
     if cluster is not None:
         try:
-            dra.load_cluster(cluster)
+            from gpu_admission.kube.dra import list_objects  # noqa: PLC0415 - kubernetes: slow
+
+            dra.load_cluster(list_objects(cluster))
         except DraSourceError as exc:
             raise InputError(f"--cluster: {exc}") from None
     for name in filenames:
