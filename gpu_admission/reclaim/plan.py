@@ -49,7 +49,7 @@ from gpu_admission.reclaim.names import (
 )
 from gpu_admission.report.compute import idle_flags, idle_runs
 from gpu_admission.report.query import Fetched, GpuData
-from gpu_admission.report.timeframe import Range, WorkingHours, iso
+from gpu_admission.timeframe import Range, WorkingHours, iso
 
 #: How far back the controller looks: a run of working hours never crosses midnight
 #: (WorkingHours refuses such windows), so one day holds the longest run there is.

@@ -38,7 +38,7 @@ from math import isnan
 from typing import Any, Final
 
 from gpu_admission.prom import MAX_POINTS_PER_SERIES, PrometheusClient
-from gpu_admission.report.timeframe import Range, iso
+from gpu_admission.timeframe import Range, iso
 
 UTIL_METRIC: Final = "DCGM_FI_DEV_GPU_UTIL"  # %
 FB_USED_METRIC: Final = "DCGM_FI_DEV_FB_USED"  # MiB
