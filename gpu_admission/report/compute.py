@@ -33,7 +33,7 @@ from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 from gpu_admission.policy.model import Policy
-from gpu_admission.report.query import Fetched, GpuData
+from gpu_admission.report.data import Fetched, GpuData
 from gpu_admission.report.sharing import FractionalEstimate, SharingEstimate, estimate_sharing
 from gpu_admission.timeframe import Range, WorkingHours, iso
 

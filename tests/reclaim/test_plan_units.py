@@ -16,7 +16,7 @@ from gpu_admission.reclaim.plan import (
     memory_text,
     resolve_owner,
 )
-from gpu_admission.report.query import Fetched, GpuData
+from gpu_admission.report.data import Fetched, GpuData
 from gpu_admission.timeframe import Range
 from tests.reclaim.scenario import deployment_pod, namespace, notebook_pod
 
