@@ -123,7 +123,7 @@ Wanted = list[tuple[str, str, Callable[[str], bool | None], str]]  # name, value
 def shares_a_gpu(workload: str, mig: bool, pool: NodePool | None) -> bool:
     """Whether the memory limits apply: not training (never on a shared card), not MIG, and
     the pod's pool is unknown or time-sliced/MPS. The scheduler extender asks the same
-    question (``gpu_admission.extender.placement``) to decide which pods must fit a share."""
+    question (``gpu_admission.placement.score``) to decide which pods must fit a share."""
     if workload == "training" or mig:
         return False
     return pool is None or pool.shared  # a dedicated (sharing none) pool: not time-shared
