@@ -184,7 +184,7 @@ def analysis(policy: Policy, prog: Program) -> None:
     for cond, value, why in reversed(chain):
         workload = f"{cond}\n  ? {value}\n  : {workload or lit(default)}"
         reason = f"{cond}\n  ? {why}\n  : {reason or lit('default')}"
-    prog.add("workload", workload, "engine._classify: label, training owner kinds, "
+    prog.add("workload", workload, "engine.classify: label, training owner kinds, "
              "training label prefixes, notebook labels, else the policy default")
     prog.add("workloadReason", reason)
     _cuda_analysis(policy, prog)
@@ -595,7 +595,7 @@ class CudaUnit:
 
 def _wanted(policy: Policy) -> list[tuple[str, str, str, str]]:
     """(env name, CEL value, CEL check -> "ok"|"exceeds"|"invalid" over ``v``, CEL expected
-    text) of memory._wanted, with the pool-dependent numbers read from variables."""
+    text) of memory.wanted_env, with the pool-dependent numbers read from variables."""
     env = policy.spec.memory_limits.env
     mem = var("memMiB")
     frac_text = var("fractionText")

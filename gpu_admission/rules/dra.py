@@ -27,7 +27,7 @@ from typing import Final
 
 from gpu_admission.decision import Mode, Violation
 from gpu_admission.rules.base import Context
-from gpu_admission.rules.memory import MemoryLimit, Wanted, _wanted, memory_share
+from gpu_admission.rules.memory import MemoryLimit, Wanted, memory_share, wanted_env
 
 UNKNOWN: Final = "dra-reference-unknown"
 POSSIBLE: Final = "dra-sharing-possible"
@@ -85,6 +85,6 @@ class DraRules:
             if memo is None or memo[0] is not ctx.pool or memo[1] is not limits:
                 if len(self._memo) >= self._MEMO_MAX:
                     self._memo.clear()
-                memo = self._memo[key] = (ctx.pool, limits, _wanted(
+                memo = self._memo[key] = (ctx.pool, limits, wanted_env(
                     ctx.pool, limits, 0, (mem_mib, fraction, source))[0])
             MemoryLimit._container(ctx, gc, memo[2], source)

@@ -141,7 +141,7 @@ def memory_share(pool: NodePool | None, limits: MemoryLimits) -> tuple[int, floa
 class MemoryLimit:
     ids: tuple[str, ...] = (LIMIT, UNVERIFIABLE)
 
-    #: Memo of :meth:`_wanted` (the env vars, values and checks for a pool/limit set), built
+    #: Memo of :func:`wanted_env` (the env vars, values and checks for a pool/limit set), built
     #: once per policy object instead of per container: closures, f-strings and the
     #: fraction formatting were a third of this rule's cost. Keyed by object identity; the
     #: entry keeps the objects alive, so an id cannot be reused while it is cached.
@@ -171,7 +171,7 @@ class MemoryLimit:
             if memo is None or memo[0] is not pool or memo[1] is not limits:
                 if len(self._memo) >= self._MEMO_MAX:
                     self._memo.clear()
-                wanted, source = _wanted(pool, limits, devices)
+                wanted, source = wanted_env(pool, limits, devices)
                 memo = self._memo[key] = (pool, limits, wanted, source)
             self._container(ctx, gc, memo[2], memo[3])
 
@@ -185,8 +185,8 @@ class MemoryLimit:
         if memo is None or memo[0] is not limits:
             if len(self._fractional_memo) >= self._MEMO_MAX:
                 self._fractional_memo.clear()
-            wanted, source = _wanted(ctx.pool, limits, 0,
-                                     share=(mib, fraction.fraction, fraction.source))
+            wanted, source = wanted_env(ctx.pool, limits, 0,
+                                    share=(mib, fraction.fraction, fraction.source))
             if hami:
                 wanted.append((HAMI_MEMORY_LIMIT, hami_limit_text(mib), _hami_ok(mib),
                                f"<= {hami_limit_text(mib)}"))
@@ -265,8 +265,8 @@ def _per_device(ctx: Context, gc: GpuContainer, mib: int, source: str) -> None:
                         f"<= {hami_limit_text(mib)} ({source})")
 
 
-def _wanted(pool: NodePool | None, limits: MemoryLimits, devices: int,
-            share: tuple[int, float, str] | None = None) -> tuple[Wanted, str]:
+def wanted_env(pool: NodePool | None, limits: MemoryLimits, devices: int,
+               share: tuple[int, float, str] | None = None) -> tuple[Wanted, str]:
     """The env vars a container on ``pool`` (None: unknown pool) must have, with the value
     we set, the check of a value already there, and the expected value for messages; and
     where the limit comes from. ``devices`` > 0: also the MPS per-device limit. ``share``
