@@ -7,9 +7,9 @@ Rules checked, per module of ``gpu_admission/`` (lazy imports inside functions i
 1. every module has a floor (a new module cannot slip in unassigned), and every entry of the
    table names a module that exists;
 2. a module imports from its own floor or below, never above;
-3. no module imports another module's private (``_underscore``) name, neither
-   ``from m import _x`` nor ``m._x`` through an imported module: what two modules share is a
-   public function of the lower one;
+3. no module uses another module's private (``_underscore``) name: not ``from m import _x``,
+   ``m._x`` through an imported module, nor ``C._x`` of a class ``C`` imported from it; what
+   two modules share is a public function of the lower one;
 4. the core and pure floors import no I/O library (:data:`IO_LIBRARIES`), except the few
    written in :data:`EXCEPTIONS` with the reason.
 
@@ -135,6 +135,7 @@ def imports(module: str, source: Source, modules: Mapping[str, Source]) -> Itera
     package = module if source.is_package else module.rpartition(".")[0]
     tree = ast.parse(source.text)
     aliases: dict[str, str] = {}  # local name -> module of the package it is bound to
+    names: dict[str, tuple[str, str]] = {}  # local name -> (module, name) it was taken from
 
     def inside(absolute: str) -> str | None:
         if absolute == PACKAGE:
@@ -174,10 +175,15 @@ def imports(module: str, source: Source, modules: Mapping[str, Source]) -> Itera
                 else:
                     yield Import(node.lineno, rel, None,
                                  alias.name if is_private(alias.name) else None)
-    for node in ast.walk(tree):
+                    names[alias.asname or alias.name] = (rel, alias.name)
+    for node in ast.walk(tree):  # m._x of an imported module m, C._x of an imported class C
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in aliases and is_private(node.attr)):
-            yield Import(node.lineno, aliases[node.value.id], None, node.attr)
+                and is_private(node.attr)):
+            if node.value.id in aliases:
+                yield Import(node.lineno, aliases[node.value.id], None, node.attr)
+            elif node.value.id in names:
+                owner, name = names[node.value.id]
+                yield Import(node.lineno, owner, None, f"{name}.{node.attr}")
 
 
 def unassigned(modules: Mapping[str, Source]) -> list[str]:
@@ -266,6 +272,10 @@ def _tree(**files: str) -> dict[str, Source]:
      ["gpu_admission/rules/dra.py:2: gpu_admission.rules.dra (floor 1 pure) uses the private "
       "name gpu_admission.rules.memory._wanted: make it a public function of "
       "gpu_admission.rules.memory"]),
+    ({"rules__dra": "from .memory import MemoryLimit\nMemoryLimit._container(1)\n"},
+     ["gpu_admission/rules/dra.py:2: gpu_admission.rules.dra (floor 1 pure) uses the private "
+      "name gpu_admission.rules.memory.MemoryLimit._container: make it a public function of "
+      "gpu_admission.rules.memory"]),
     ({"rules__memory": "from .base import _x\n"},
      ["gpu_admission/rules/memory.py:1: gpu_admission.rules.memory (floor 1 pure) uses the "
       "private name gpu_admission.rules.base._x: make it a public function of "
@@ -278,8 +288,8 @@ def _tree(**files: str) -> dict[str, Source]:
      ["gpu_admission/placement/score.py:1: gpu_admission.placement.score (floor 1 pure) "
       "imports the I/O library threading: only the io floor and above may (or add a reasoned "
       "entry to EXCEPTIONS)"]),
-], ids=["upward", "upward-lazy", "private-from", "private-attribute", "private-sibling",
-        "io-library", "io-library-from"])
+], ids=["upward", "upward-lazy", "private-from", "private-attribute", "private-class-attribute",
+        "private-sibling", "io-library", "io-library-from"])
 def test_the_check_catches(files: dict[str, str], expected: list[str]) -> None:
     tree = _tree(**{"engine": "", "kube__client": "", "rules__base": "", "rules__memory": "",
                     **files})

@@ -87,4 +87,4 @@ class DraRules:
                     self._memo.clear()
                 memo = self._memo[key] = (ctx.pool, limits, wanted_env(
                     ctx.pool, limits, 0, (mem_mib, fraction, source))[0])
-            MemoryLimit._container(ctx, gc, memo[2], source)
+            MemoryLimit.apply_env(ctx, gc, memo[2], source)

@@ -173,7 +173,7 @@ class MemoryLimit:
                     self._memo.clear()
                 wanted, source = wanted_env(pool, limits, devices)
                 memo = self._memo[key] = (pool, limits, wanted, source)
-            self._container(ctx, gc, memo[2], memo[3])
+            self.apply_env(ctx, gc, memo[2], memo[3])
 
     def _fractional(self, ctx: Context, fraction: Fraction) -> None:
         """A fractional pod: the variables sized to its share, HAMi-core's cap if on."""
@@ -195,14 +195,16 @@ class MemoryLimit:
         for gc in ctx.gpu_containers:
             if gc.mig or gc.dra is not None:
                 continue
-            self._container(ctx, gc, wanted, source)
+            self.apply_env(ctx, gc, wanted, source)
             if hami:
                 _per_device(ctx, gc, mib, source)
 
     @staticmethod
-    def _container(ctx: Context, gc: GpuContainer,
-                   wanted: list[tuple[str, str, Callable[[str], bool | None], str]],
-                   source: str) -> None:
+    def apply_env(ctx: Context, gc: GpuContainer,
+                  wanted: list[tuple[str, str, Callable[[str], bool | None], str]],
+                  source: str) -> None:
+        """Upsert the ``wanted`` variables of one container (:func:`wanted_env`) and flag a
+        value above the limit; public because the DRA rule (:mod:`.dra`) writes alike."""
         env = gc.container.get("env")
         existing: dict[str, tuple[int, Mapping[str, Any]]] = {}
         if isinstance(env, list) and env:
