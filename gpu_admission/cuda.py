@@ -14,7 +14,9 @@ sees the image *name*, so we read the conventions image publishers use (sources:
 * serving images whose tags carry no CUDA (vLLM, TGI, Ray, ...): rows read from the projects'
   own Dockerfiles, release notes or maintainers' statements
   (``gpu_admission/data/serving-cuda.yaml``)
-* any tag with a ``cu<XY>``/``cu<XYZ>`` token (``cu121`` = 12.1) or ``cuda<X.Y>``.
+* any tag with a ``cu<XY>``/``cu<XYZ>`` token (``cu121`` = 12.1) or ``cuda<X.Y>``;
+* else a ``cu<XY>``/``cu<XYZ>`` token in the image's name (its last path component), also
+  when there is no tag (``…/huggingface-text-generation-inference-cu124.2-3.ubuntu2204.py311``).
 
 Before all of these, the policy's own table ``spec.cudaRouting.images`` (:class:`ImageRule`,
 compiled once per policy by :func:`image_lookup`) is consulted: first match wins. Its entries
@@ -246,7 +248,7 @@ def cuda_from_image(image: str) -> str | None:
         return found
     registry, repo, tag = split_image(image)
     if not tag:
-        return None
+        return _name_token(repo)
     tables = _tables()
     if repo == "nvidia/cuda" or repo.endswith("/nvidia/cuda"):
         match = _NVIDIA_CUDA_TAG.match(tag)
@@ -274,7 +276,15 @@ def cuda_from_image(image: str) -> str | None:
     match = _CUDA_TOKEN.search(tag)
     if match:
         return f"{int(match.group(1))}.{int(match.group(2))}"
-    return None
+    return _name_token(repo)
+
+
+def _name_token(repo: str) -> str | None:
+    """A ``cu<XY>``/``cu<XYZ>`` token in the image's own name (last path component), for
+    images that say their CUDA in the name rather than the tag, e.g. Google's Deep Learning
+    Containers ``huggingface-text-generation-inference-cu124.2-3.ubuntu2204.py311``."""
+    match = _CU_TOKEN.search(repo.rsplit("/", 1)[-1])
+    return _cu_token(match.group(1)) if match else None
 
 
 def version_tuple(version: str) -> tuple[int, int]:

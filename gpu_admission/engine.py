@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from gpu_admission.cuda import normalize_version
 from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
@@ -39,6 +39,15 @@ from gpu_admission.rules import RULES, Context, GpuContainer
 from gpu_admission.rules.dra import UNKNOWN as DRA_UNKNOWN
 from gpu_admission.rules.dra import unknown_message
 from gpu_admission.rules.gpu_access import guard
+from gpu_admission.rules.other_systems import RULE as OTHER_RULE
+from gpu_admission.rules.other_systems import undeclared_message
+from gpu_admission.sharing_systems import (
+    HAMI_RESOURCES,
+    KAI_ANNOTATIONS,
+    SYSTEM_NAMES,
+    OtherGpu,
+)
+from gpu_admission.sharing_systems import analyse as analyse_other
 from gpu_admission.vocab import (
     CUDA_VERSION_LABEL,
     GFD_PRODUCT,
@@ -56,6 +65,9 @@ from gpu_admission.vocab import (
 )
 
 MAX_WARNING = 120
+#: Owners whose GPU pods are batch jobs (spec.classification.batchJobWorkload): a batch/v1
+#: Job (CronJobs create Jobs) and a Volcano Job.
+BATCH_JOB_API_VERSIONS: Final = ("batch/v1", "batch.volcano.sh/v1alpha1")
 _FULL_GPU_RESOURCES = frozenset({GPU_RESOURCE, GPU_RESOURCE + SHARED_SUFFIX})
 _EMPTY: Mapping[str, Any] = {}
 _ALLOWED = Decision(allowed=True)
@@ -131,7 +143,8 @@ def gpu_containers(spec: Mapping[str, Any], fractional: bool = False) -> list[Gp
 
 def classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
              compiled: Compiled, default: str) -> tuple[str, str, str | None]:
-    """(class, reason, invalid label value) -- label, then training owner/labels, notebook."""
+    """(class, reason, invalid label value) -- label, then training owner/labels, notebook,
+    then a batch/v1 Job owner (``spec.classification.batchJobWorkload``), then the default."""
     bad: str | None = None
     value = labels.get(WORKLOAD_LABEL)
     if value is not None:
@@ -150,6 +163,13 @@ def classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
     for key in compiled.notebook_labels:
         if key in labels:
             return "notebook", f"label {key}", bad
+    if compiled.batch_job_workload is not None and isinstance(owners, list):
+        for ref in owners:
+            if (isinstance(ref, dict) and ref.get("kind") == "Job"
+                    and ref.get("apiVersion") in BATCH_JOB_API_VERSIONS):
+                return (compiled.batch_job_workload,
+                        f"owner Job/{ref.get('name', '')} (classification.batchJobWorkload)",
+                        bad)
     return default, "default", bad
 
 
@@ -400,10 +420,14 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
                if needs_analysis(spec, dra) else None)
     if dra_pod is not None:
         gcs = _with_dra(gcs, dra_pod, spec)
+    other = (analyse_other(pod, spec, compiled.other_systems)
+             if _maybe_other(meta, spec) else None)
+    if other is not None:
+        gcs = _with_other(gcs, other, spec)
     if not gcs:
         if dra_pod is not None and dra_pod.unresolved:
             return _dra_unresolved(pod, spec, meta, facts=facts, policy=policy, dra_pod=dra_pod)
-        return _non_gpu(pod, spec, meta, facts, compiled)
+        return _non_gpu(pod, spec, meta, facts, compiled, other=other)
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
     workload, workload_reason, bad_label = classify(
@@ -429,6 +453,13 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     shared = _shared_reasons(gcs, node_selector, terms_in, pool, plan)
     if dra_pod is not None:
         shared.extend((r.path, r.why) for r in dra_pod.reasons)
+    if other is not None and other.declared:  # undeclared: only its rule speaks
+        refined = (analyse_other(pod, spec, compiled.other_systems, pool.memory_mib)
+                   if pool is not None else None)  # the card is known: MiB and fraction
+        if refined is not None:
+            other = refined
+            gcs = _with_other(gcs, other, spec)
+        shared.extend((oc.path, oc.why) for oc in other.containers if oc.shared)
     mutate = facts.stage == "mutate" and facts.operation == "CREATE"
     ctx = Context(
         pod=pod, spec=spec, facts=facts, policy=policy, compiled=compiled,
@@ -437,13 +468,54 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
         cuda_version=cuda_version, cuda_source=cuda_source, cuda_conflict=conflict,
         cuda_label_invalid=cuda_invalid, node_selector=node_selector,
         required_terms=terms, pool=pool, shared_reasons=shared, mig=mig, dra=dra_pod,
-        fraction_plan=plan,
+        fraction_plan=plan, other=other,
     )
     for rule in RULES:
         rule.check(ctx)
     return _finish(meta, ctx.violations, ctx.patch, gpu=True, workload=workload,
                    workload_reason=workload_reason, cuda_version=cuda_version,
                    cuda_source=cuda_source)
+
+
+def _maybe_other(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    """Cheap test: KAI's annotations, or a HAMi resource in some container's limits."""
+    annotations = meta.get("annotations")
+    if annotations.__class__ is dict and not _KAI_KEYS.isdisjoint(annotations):
+        return True
+    for kind in ("containers", "initContainers"):
+        items = spec.get(kind)
+        if items.__class__ is not list:
+            continue
+        for container in items:
+            resources = container.get("resources") if container.__class__ is dict else None
+            if resources.__class__ is dict:
+                limits, requests = resources.get("limits"), resources.get("requests")
+                if ((limits.__class__ is dict and not _HAMI_KEYS.isdisjoint(limits))
+                        or (requests.__class__ is dict
+                            and not _HAMI_KEYS.isdisjoint(requests))):
+                    return True
+    return False
+
+
+_KAI_KEYS = frozenset(KAI_ANNOTATIONS)
+_HAMI_KEYS = frozenset(HAMI_RESOURCES)
+
+
+def _with_other(gcs: list[GpuContainer], other: OtherGpu,
+                spec: Mapping[str, Any]) -> list[GpuContainer]:
+    """The GPU containers plus those a declared other sharing system serves, each carrying
+    its share (``gc.other``) so memory variables are capped. An undeclared system's view is
+    not used (rule ``other-sharing-system`` reports the pod; the guard voids as usual)."""
+    if not other.declared:
+        return gcs
+    by_place = {(gc.kind, gc.index): gc for gc in gcs}
+    for oc in other.containers:
+        gc = by_place.get((oc.kind, oc.index))
+        if gc is None:
+            gc = by_place[oc.kind, oc.index] = GpuContainer(
+                oc.kind, oc.index, spec[oc.kind][oc.index], {}, shared=False, mig=False)
+        gc.other = oc
+    return sorted(by_place.values(), key=lambda gc: (gc.kind != "containers", gc.index))
 
 
 def _with_dra(gcs: list[GpuContainer], dra_pod: DraPod,
@@ -479,7 +551,8 @@ def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mappi
                         exempt=exempt)
     training = workload == "training"
     mode = compiled.modes[DRA_UNKNOWN] if training else compiled.dra_unknown_other
-    violations = [Violation(DRA_UNKNOWN, path, unknown_message(what, training), mode)
+    violations = [Violation(DRA_UNKNOWN, path,
+                            unknown_message(what, training, offline=dra_pod.offline), mode)
                   for path, what in dra_pod.unresolved]
     builder = PatchBuilder(pod) if facts.stage == "mutate" and facts.operation == "CREATE" \
         else None
@@ -495,8 +568,11 @@ def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mappi
 
 
 def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any],
-             facts: RequestFacts, compiled: Compiled) -> Decision:
-    """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt."""
+             facts: RequestFacts, compiled: Compiled, *, other: OtherGpu | None = None
+             ) -> Decision:
+    """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt;
+    plus rule ``other-sharing-system`` when it asks an undeclared system for a GPU (it is
+    voided like any pod without a GPU, never silently)."""
     if facts.operation != "CREATE":
         return _ALLOWED
     exempt = exemption(facts, compiled)
@@ -505,6 +581,16 @@ def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str,
     builder = PatchBuilder(pod) if facts.stage == "mutate" else None
     violations: list[Violation] = []
     guard(spec, frozenset(), compiled.modes, builder, violations)
+    if other is not None:  # after the guard, as in the rule order
+        mode = compiled.modes[OTHER_RULE]
+        if not other.declared:
+            path, why = other.asked
+            violations.append(Violation(OTHER_RULE, path,
+                                        undeclared_message(other.system, why), mode))
+        else:  # declared, but it serves no container (a KAI container name that is wrong)
+            violations.extend(Violation(OTHER_RULE, path, f"{SYSTEM_NAMES[other.system]} "
+                                        f"request: {problem}", mode)
+                              for path, problem in other.problems)
     return _finish(meta, violations, builder, gpu=False)
 
 

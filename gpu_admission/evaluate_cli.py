@@ -46,6 +46,7 @@ from gpu_admission.workloads import (
     PodTemplate,
     WorkloadError,
     pod_templates,
+    skip_reason,
     with_mutated_template,
 )
 
@@ -186,8 +187,9 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
             if templates:
                 jobs.append((name, index, doc, templates))
             else:
+                why = skip_reason(doc)
                 click.echo(f"{name}: document {index}: skipped {doc.get('kind')} "
-                           "(no pod template)", err=True)
+                           f"(no pod template{': ' + why if why else ''})", err=True)
     if not jobs:
         raise InputError("no Pod or workload with a pod template in the input")
 

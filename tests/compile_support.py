@@ -184,9 +184,10 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         meta["annotations"] = {"gpu-admission.io/mutated": draw(st.sampled_from(
             ["", "env", "zzz,env", "schedulerName,env"]))}
     if draw(st.sampled_from([False] * 4 + [True])):
-        meta["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1",
-                                    "kind": draw(st.sampled_from(["PyTorchJob", "ReplicaSet"])),
-                                    "name": "owner", "uid": "u1"}]
+        kind = draw(st.sampled_from(["PyTorchJob", "ReplicaSet", "Job", "Job"]))
+        meta["ownerReferences"] = [{"apiVersion": draw(st.sampled_from(
+            ["batch/v1", "batch.volcano.sh/v1alpha1"])) if kind == "Job" else "kubeflow.org/v1",
+                                    "kind": kind, "name": "owner", "uid": "u1"}]
     spec: dict[str, Any] = {"containers": containers}
     if inits:
         spec["initContainers"] = inits

@@ -61,7 +61,8 @@ def webhook_objects(policy: Policy, stays: dict[str, WebhookOnly]) -> list[dict[
             # The claims webhook of the base install, unchanged: CEL cannot judge a
             # ResourceClaim's sharing either, and an apply without it would drop it.
             claims = _webhook(CLAIMS_HOOK, "/validate", {
-                "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1", "v1beta2", "v1beta1"],
+                "operations": ["CREATE"],
                 "resources": ["resourceclaims", "resourceclaimtemplates"],
                 "scope": "Namespaced"}, reinvoke=False)
             claims["matchConditions"] = [{

@@ -168,7 +168,7 @@ def build_program(policy: Policy, *, partial: bool
             unit.emit(policy, attempt)
         except CompileError as exc:
             for rule in unit.ids:
-                stays[rule] = WebhookOnly(exc.field, exc.why, None)
+                stays[rule] = WebhookOnly(exc.field, exc.why, exc.pods)
             continue
         prog.variables = attempt.variables
         prog.violations += attempt.violations

@@ -33,9 +33,29 @@ import yaml
 from gpu_admission.cuda import parse_repository
 from gpu_admission.decision import Mode
 from gpu_admission.dra.analysis import DEVICECLASS_RESOURCE_PREFIX
+from gpu_admission.engine import BATCH_JOB_API_VERSIONS
 from gpu_admission.policy.model import Policy
-from gpu_admission.rules import cuda_routing, gpu_access, memory, scheduler, training
+from gpu_admission.rules import (
+    cuda_routing,
+    gpu_access,
+    memory,
+    other_systems,
+    scheduler,
+    training,
+)
 from gpu_admission.rules.memory import format_fraction
+from gpu_admission.sharing_systems import (
+    HAMI,
+    HAMI_CORES,
+    HAMI_MEMORY,
+    HAMI_MEMORY_PERCENT,
+    HAMI_RESOURCES,
+    KAI,
+    KAI_ANNOTATIONS,
+    KAI_FRACTION,
+    KAI_MEMORY,
+    SYSTEM_NAMES,
+)
 from gpu_admission.vocab import (
     CUDA_VERSION_LABEL,
     DEFAULT_SCHEDULER,
@@ -63,11 +83,12 @@ MAX_SAFE_INT = 10**15
 class CompileError(Exception):
     """A part of the policy that CEL cannot express: names the rule and the policy field."""
 
-    def __init__(self, rule: str, field: str, why: str) -> None:
+    def __init__(self, rule: str, field: str, why: str, pods: str | None = None) -> None:
         super().__init__(f"rule {rule}: {field}: {why}")
         self.rule = rule
         self.field = field
         self.why = why
+        self.pods = pods  # CEL over ``object``: the pods it concerns (None: every pod)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +200,13 @@ def analysis(policy: Policy, prog: Program) -> None:
              (by_prefix, '"training"', f'"label " + {first_prefix}')]
     chain += [(f"{lit(key)} in {labels}", '"notebook"', lit(f"label {key}"))
               for key in compiled.notebook_labels]
+    if compiled.batch_job_workload is not None:  # engine._classify: a batch/v1 Job owner
+        is_job = f'r.kind == "Job" && r.apiVersion in {lit(list(BATCH_JOB_API_VERSIONS))}'
+        first_job = f"{owners}.filter(r, {is_job})[0]"
+        chain.append((f"has({owners}) && {owners}.exists(r, {is_job})",
+                      lit(compiled.batch_job_workload),
+                      f'"owner Job/" + (has({first_job}.name) ? {first_job}.name : "") + '
+                      f'{lit(" (classification.batchJobWorkload)")}'))
     default = spec.classification.default_workload
     workload = reason = ""
     for cond, value, why in reversed(chain):
@@ -327,10 +355,16 @@ def _cuda_analysis(policy: Policy, prog: Program) -> None:
     prog.add("imgTf", f"{rng}.map(i, {tf})",
              'data/ngc-cuda.yaml tensorflow_gpu ("none": a -gpu tag the table lacks)')
     cu_re = "'(^|[-_.+])cu[0-9]{2,3}($|[-_.+])'"
-    digits = f"{tag}.find({cu_re}).find('[0-9]+')"
-    cu = (f"{tag}.matches({cu_re}) ? string(int({digits}.substring(0, size({digits}) - 1))) "
-          f'+ "." + string(int({digits}.substring(size({digits}) - 1))) : ""')
-    prog.add("imgCu", f"{rng}.map(i, {cu})", "a cu<XY>/cu<XYZ> tag token (cu121 = 12.1)")
+
+    def cu_of(text: str) -> str:
+        digits = f"{text}.find({cu_re}).find('[0-9]+')"
+        return (f"{text}.matches({cu_re}) ? "
+                f"string(int({digits}.substring(0, size({digits}) - 1))) "
+                f'+ "." + string(int({digits}.substring(size({digits}) - 1))) : ""')
+
+    prog.add("imgCu", f"{rng}.map(i, {cu_of(tag)})", "a cu<XY>/cu<XYZ> tag token (cu121 = 12.1)")
+    prog.add("imgNameCu", f"{rng}.map(i, {cu_of(container)})",
+             "a cu<XY>/cu<XYZ> token in the image name's last component (cuda._name_token)")
     cuda_re = "'(^|[-_.+])cuda-?[0-9]{1,2}\\\\.[0-9]{1,2}($|[-_.+]|\\\\.[0-9])'"
     found = f"{tag}.find({cuda_re}).find('[0-9]{{1,2}}\\\\.[0-9]{{1,2}}')"
     prog.add("imgCudaToken", f'{rng}.map(i, {tag}.matches({cuda_re}) ? '
@@ -341,14 +375,16 @@ def _cuda_analysis(policy: Policy, prog: Program) -> None:
     pt_found = f"{tag}.find('-cuda[0-9]+\\\\.[0-9]+(-|$)').find('[0-9]+\\\\.[0-9]+')"
     pytorch = (f"{tag}.matches('-cuda[0-9]{{1,9}}\\\\.[0-9]{{1,9}}(-|$)') ? "
                f'{norm_version(pt_found)} : ""')
-    builtin = (f'{tag} == "" ? ""\n'
+    name_cu = f'{var("imgNameCu")}[i]'
+    builtin = (f'{tag} == "" ? {name_cu}\n'
                f'  : {repo} == "nvidia/cuda" || {repo}.endsWith("/nvidia/cuda") ? ({nv_cuda})\n'
                f'  : {repo} == "pytorch/pytorch" ? ({pytorch})\n'
                f'  : {var("imgNgc")}[i] != "" ? {var("imgNgc")}[i]\n'
                f'  : {var("imgTf")}[i] != "" ? ({var("imgTf")}[i] == "none" ? "" : '
                f'{var("imgTf")}[i])\n'
                f'  : {var("imgCu")}[i] != "" ? {var("imgCu")}[i]\n'
-               f'  : {var("imgCudaToken")}[i]')
+               f'  : {var("imgCudaToken")}[i] != "" ? {var("imgCudaToken")}[i]\n'
+               f'  : {name_cu}')
     prog.add("imgBuiltin", f"{rng}.map(i, {builtin})",
              "cuda.cuda_from_image: nvidia/cuda, pytorch/pytorch, NGC, tensorflow, cu/cuda tokens")
     prog.add("imgCuda", f'{rng}.map(i, {var("imgImage")}[i] == "" ? ""\n'
@@ -927,9 +963,95 @@ def affinity_ops(policy: Policy, prog: Program) -> None:
     prog.kinds.append((f"{var('affinityChange')}", "affinity"))
 
 
+def other_system_pods() -> str:
+    """engine._maybe_other: KAI's annotations, or a HAMi resource named in some container's
+    limits or requests (CEL over ``object``)."""
+    ann = "object.metadata.annotations"
+    kai = " || ".join(f"{lit(a)} in {ann}" for a in KAI_ANNOTATIONS)
+    per_kind = []
+    for kind in ("containers", "initContainers"):
+        lst = f"object.spec.{kind}"
+        names = " || ".join(
+            f"(has(c.resources.{key}) && c.resources.{key}.exists(k, k in "
+            f"{lit(list(HAMI_RESOURCES))}))" for key in ("limits", "requests"))
+        per_kind.append(f"(has({lst}) && {lst}.exists(c, has(c.resources) && ({names})))")
+    return f"(has({ann}) && ({kai})) || " + " || ".join(per_kind)
+
+
+class OtherSystemsUnit:
+    """rules/other_systems.py for a policy that declares no other sharing system: a pod that
+    asks KAI-Scheduler (annotations) or HAMi (resources) for its GPU is reported, naming
+    what to declare; the guard units still void/deny it as any pod without a GPU request.
+
+    A policy that declares systems keeps those pods with the webhook (``pods``: the compiled
+    policies skip them): their GPU containers, KAI's ConfigMap shape and the capped memory
+    variables are decided by the engine (docs/compile.md)."""
+
+    ids: tuple[str, ...] = (other_systems.RULE,)
+
+    def emit(self, policy: Policy, prog: Program) -> None:
+        if policy.spec.other_sharing_systems:
+            raise CompileError(other_systems.RULE, "spec.otherSharingSystems",
+                               "pods of a declared KAI-Scheduler/HAMi are GPU pods by their "
+                               "system's annotations and resources; the webhook decides them",
+                               other_system_pods())
+        ann = "object.metadata.annotations"
+        has_fraction = f"has({ann}) && {lit(KAI_FRACTION)} in {ann}"
+        kai_path = (f'{has_fraction} ? {lit(f"metadata.annotations[{KAI_FRACTION}]")} : '
+                    f'{lit(f"metadata.annotations[{KAI_MEMORY}]")}')
+        kai_value = f"({has_fraction} ? {ann}[{lit(KAI_FRACTION)}] : {ann}[{lit(KAI_MEMORY)}])"
+        kai_why = (f'"KAI-Scheduler annotation " + ({has_fraction} ? {lit(KAI_FRACTION)} : '
+                   f'{lit(KAI_MEMORY)}) + "=" + {trunc(kai_value, 20)}')
+        kai_ask = f"has({ann}) && ({' || '.join(f'{lit(a)} in {ann}' for a in KAI_ANNOTATIONS)})"
+
+        def value(c: str, name: str) -> str:
+            """The container's non-zero quantity of ``name`` as a string, limits over
+            requests ("" when neither), as sharing_systems.hami_resources merges them."""
+            out = '""'
+            for key in ("requests", "limits"):
+                values = f"{c}.resources.{key}"
+                ok = (f"{has_path(c, 'resources', key)} && {lit(name)} in {values} && "
+                      f"!(string({values}[{lit(name)}]) in [\"0\", \"\"])")
+                out = f"(({ok}) ? string({values}[{lit(name)}]) : {out})"
+            return out
+
+        records = []
+        for kind in ("containers", "initContainers"):
+            lst = var(kind)
+            mem, pct, cores = (value("c", n) for n in (HAMI_MEMORY, HAMI_MEMORY_PERCENT,
+                                                        HAMI_CORES))
+            path = f'{lit(f"spec.{kind}[")} + string(i) + {lit("].resources")}'
+            parts = (f'[{mem} != "" ? {lit(HAMI_MEMORY + "=")} + {mem} : {pct} != "" ? '
+                     f'{lit(HAMI_MEMORY_PERCENT + "=")} + {pct} : "", {cores} != "" ? '
+                     f'{lit(HAMI_CORES + "=")} + {cores} : ""].filter(p, p != "")')
+            records.append(
+                f"lists.range(size({lst})).map(i, [{lst}[i]].map(c, "
+                f"{rec(path=path, parts=parts)})[0])"
+                ".filter(r, size(r.parts) > 0)")
+        prog.add("hamiAsks", concat(records),
+                 "sharing_systems.analyse: containers with a non-zero HAMi resource")
+        hami_why = f'"HAMi vGPU " + string({var("hamiAsks")}[0].parts.join(", "))'
+        kai_msg = self._message(KAI, kai_why)
+        hami_msg = self._message(HAMI, hami_why)
+        rule = other_systems.RULE
+        prog.violations.append(
+            f'request.operation == "CREATE" || {var("isGpu")}\n'
+            f"  ? ({kai_ask} ? [{violation(rule, kai_path, kai_msg)}]\n"
+            f'     : size({var("hamiAsks")}) > 0 ? '
+            f'[{violation(rule, "string(" + var("hamiAsks") + "[0].path)", hami_msg)}] : [])\n'
+            "  : []")
+
+    @staticmethod
+    def _message(system: str, why: str) -> str:
+        """other_systems.undeclared_message with ``why`` a CEL string."""
+        head, tail = other_systems.undeclared_message(system, "\0").split("\0")
+        assert SYSTEM_NAMES[system] in head
+        return f"{lit(head)} + {why} + {lit(tail)}"
+
+
 # The engine's rule modules, in RULES order, and the unit that compiles each.
 UNITS: tuple[Unit, ...] = (WorkloadLabelUnit(), TrainingUnit(), SchedulerUnit(), CudaUnit(),
-                           MemoryUnit(), GuardUnit())
+                           MemoryUnit(), GuardUnit(), OtherSystemsUnit())
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,10 @@ S2 the same on the request's DeviceClass (``spec.config[]``); claim configs come
    configs and the last applicable one wins (NVIDIA driver ``GetOpaqueDeviceConfigs``)
 S3 a ResourceClaim named by another pod too (cache: pods naming it; ``status.reservedFor``)
 S4 several containers of the pod on the same claim entry and overlapping request
-S5 a MIG DeviceClass (``mig.nvidia.com``, or a class whose selector asks ``type == 'mig'``)
+S5 a MIG DeviceClass (``mig.nvidia.com``, or a class whose selector asks ``type == 'mig'``):
+   **not** shared by itself (a MIG slice has its own memory and SMs, as ``nvidia.com/mig-*``
+   extended resources); only a ``MigDeviceConfig`` TimeSlicing/MPS config (S1/S2) shares it.
+   Containers whose every device is a MIG slice get no memory variables
 S6 the extended-resource form: a limit naming a class's ``extendedResourceName`` or
    ``deviceclass.resource.kubernetes.io/<class>`` -> S2/S5 on that class
 S7 consumable capacity (``exactly.capacity.requests``): a fraction of a device
@@ -74,6 +77,8 @@ class DraContainer:
     shared: tuple[SharedReason, ...]
     mig: bool  # every GPU device it gets is a MIG slice
     mps_limit_mib: int | None  # MPS defaultPinnedDeviceMemoryLimit in MiB, when configured
+    #: consumable capacity it asks for (``exactly.capacity.requests.memory``), in MiB
+    capacity_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,7 @@ class DraPod:
     reasons: tuple[SharedReason, ...] = ()  # every shared reason, deduplicated
     possible: tuple[tuple[str, str], ...] = ()  # (path, why) may land on a shared device
     unresolved: tuple[tuple[str, str], ...] = ()  # (path, what is not in the cache)
+    offline: bool = False  # the snapshot came from evaluate's files (messages say so)
 
 
 # --- reading claim specs ----------------------------------------------------------------
@@ -125,13 +131,29 @@ def _config_applies(config: Mapping[str, Any], request: str) -> bool:
         isinstance(n, str) and n.split("/", 1)[0] == request for n in names)
 
 
-def _nvidia_sharing(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The NVIDIA GpuConfig/MigDeviceConfig parameters of an opaque config, else None."""
+def _nvidia_sharing(config: Mapping[str, Any],
+                    kinds: frozenset[str] = SHARING_KINDS) -> Mapping[str, Any] | None:
+    """The NVIDIA config parameters of an opaque config whose kind is one of ``kinds``
+    (GpuConfig/MigDeviceConfig), else None."""
     opaque = _dict(config.get("opaque"))
     params = _dict(opaque.get("parameters"))
-    if opaque.get("driver") == NVIDIA_DRIVER and params.get("kind") in SHARING_KINDS:
+    if opaque.get("driver") == NVIDIA_DRIVER and params.get("kind") in kinds:
         return params
     return None
+
+
+def quantity_value(value: Any) -> Decimal | None:
+    """A Kubernetes quantity (``3k``, ``3000``, ``512Mi``) as a number; None when it is not
+    one. The API server sends quantities in canonical form (``3000`` becomes ``3k``)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    match = _QUANTITY.match(str(value))
+    if match is None:
+        return None
+    try:
+        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+    except (InvalidOperation, ArithmeticError):
+        return None
 
 
 def quantity_mib(value: Any) -> int | None:
@@ -159,19 +181,27 @@ class _Effective:
 
 
 def effective_config(request: str, classes: Iterable[tuple[str, Mapping[str, Any] | None]],
-                     claim_configs: list[Any], config_path: str) -> _Effective | None:
+                     claim_configs: list[Any], config_path: str,
+                     kinds: frozenset[str] = SHARING_KINDS) -> _Effective | None:
     """S1/S2: the last NVIDIA sharing-capable config that applies to ``request``; class
-    configs first, then the claim's (so a claim config overrides its class's)."""
+    configs first, then the claim's (so a claim config overrides its class's). ``kinds``:
+    the config kinds that apply to the device type (a MIG slice: ``MigDeviceConfig`` only;
+    the NVIDIA driver refuses a ``GpuConfig`` on a MIG device at prepare time)."""
     found: _Effective | None = None
     for class_name, device_class in classes:
         for i, config in enumerate(_list(_dict(_dict(device_class).get("spec")).get("config"))):
-            if isinstance(config, dict) and (params := _nvidia_sharing(config)) is not None:
+            if (isinstance(config, dict)
+                    and (params := _nvidia_sharing(config, kinds)) is not None):
                 found = _read_sharing(params, f"DeviceClass {class_name} spec.config[{i}]")
     for i, config in enumerate(claim_configs):
         if (isinstance(config, dict) and _config_applies(config, request)
-                and (params := _nvidia_sharing(config)) is not None):
+                and (params := _nvidia_sharing(config, kinds)) is not None):
             found = _read_sharing(params, f"{config_path}[{i}]")
     return found
+
+
+#: The config kind that applies to a MIG slice (NVIDIA driver ``MigDeviceConfig``).
+MIG_KINDS: Final = frozenset({"MigDeviceConfig"})
 
 
 def _read_sharing(params: Mapping[str, Any], where: str) -> _Effective:
@@ -242,6 +272,7 @@ class _Acc:
     gpu: bool = False
     mig_only: bool = True
     mps: list[int] = field(default_factory=list)
+    capacity: list[int] = field(default_factory=list)  # consumable memory asked for, MiB
 
 
 def _resolve(entries: list[Any], namespace: str, snap: DraSnapshot) -> dict[str, _Entry]:
@@ -305,6 +336,7 @@ def _check_request(acc: _Acc, request: Mapping[str, Any], entry: _Entry, *, snap
     acc.gpu = True
     acc.shared.extend(one.shared)
     acc.mps.extend(one.mps)
+    acc.capacity.extend(one.capacity)
     acc.mig_only = acc.mig_only and one.mig_only
     for k, what in found[1].items():
         unresolved.setdefault(k, what)
@@ -315,7 +347,7 @@ def _check_request_once(acc: _Acc, request: Mapping[str, Any], entry: _Entry, *,
                         snap: DraSnapshot, gpu_classes: frozenset[str], path: str,
                         unresolved: dict[str, str], possible: list[tuple[str, str]]) -> None:
     name = str(request.get("name", ""))
-    classes, first_available = request_classes(request)
+    classes, _ = request_classes(request)
     gpu = [c for c in classes if c in gpu_classes]
     if not gpu:
         return
@@ -324,28 +356,34 @@ def _check_request_once(acc: _Acc, request: Mapping[str, Any], entry: _Entry, *,
     for c in gpu:
         if c not in snap.classes:
             unresolved.setdefault(f"{path}:{c}", f"DeviceClass {c} (used by {where})")
+    # S5: a MIG slice has its own memory and compute: dedicated, unless a MigDeviceConfig
+    # sharing config applies (below). A request that may get a full GPU is not MIG-only.
     migs = [is_mig_class(c, snap.classes.get(c)) for c in gpu]
-    if all(migs):
-        acc.shared.append(SharedReason("S5", path, f"{where} asks for a MIG slice (class "
-                                                   f"{', '.join(gpu)})"))
-    else:
+    mig = all(migs)
+    if not mig:
         acc.mig_only = False
-        if first_available and any(migs):
-            possible.append((path, f"{where} lists a MIG class among firstAvailable "
-                                   "alternatives"))
     exactly = _dict(request.get("exactly"))
-    if _dict(exactly.get("capacity")).get("requests"):
+    capacity = _dict(_dict(exactly.get("capacity")).get("requests"))
+    if capacity:
+        memory = quantity_mib(capacity.get("memory"))
         acc.shared.append(SharedReason("S7", path, f"{where} asks for a share of a device's "
-                                                   "capacity (capacity.requests)"))
+                                                   "capacity (capacity.requests" + (
+                                                       f", memory {memory} MiB)" if memory
+                                                       else ")")))
+        if memory is not None:
+            acc.capacity.append(memory)
     if exactly.get("adminAccess") is True:
         acc.shared.append(SharedReason("S8", path, f"{where} uses adminAccess (the device "
                                                    "may be in use by other claims)"))
     devices = _dict(_dict(entry.spec).get("devices"))
     eff = effective_config(name, [(c, snap.classes.get(c)) for c in gpu],
-                           _list(devices.get("config")), entry.config_path)
+                           _list(devices.get("config")), entry.config_path,
+                           MIG_KINDS if mig else SHARING_KINDS)
     if eff is not None and eff.strategy in SHARED_STRATEGIES:
         check = "S2" if eff.where.startswith("DeviceClass ") else "S1"
-        acc.shared.append(SharedReason(check, path, f"{where}: {_sharing_text(eff)}"))
+        slice_text = " (shared MIG slice)" if mig else ""
+        acc.shared.append(SharedReason(check, path,
+                                       f"{where}{slice_text}: {_sharing_text(eff)}"))
         if eff.mps_mib is not None:
             acc.mps.append(eff.mps_mib)
 
@@ -377,10 +415,7 @@ def _check_extended(acc: _Acc, container: Mapping[str, Any], path: str, *, snap:
                 continue
             acc.claims.append(f"DeviceClass {class_name} via {name}")
             mig, eff = _class_facts(snap, class_name, device_class)
-            if mig:
-                acc.shared.append(SharedReason("S5", where, f"{name} is served by the MIG "
-                                                            f"DeviceClass {class_name}"))
-            else:
+            if not mig:  # S5: a MIG slice is dedicated unless its MigDeviceConfig shares it
                 acc.mig_only = False
             if eff is not None and eff.strategy in SHARED_STRATEGIES:
                 acc.shared.append(SharedReason("S2", where, f"{name} is served by DRA: "
@@ -401,7 +436,7 @@ def _notable_extended(snap: DraSnapshot) -> frozenset[str]:
                 continue
             mig, eff = _class_facts(snap, name, device_class)
             if mig or (eff is not None and eff.strategy in SHARED_STRATEGIES):
-                notable.add(resource)
+                notable.add(resource)  # MIG: its containers are MIG-only (no memory env)
         found = snap.memo["notable-extended"] = frozenset(notable)
     return found
 
@@ -412,8 +447,9 @@ def _class_facts(snap: DraSnapshot, name: str,
     key = ("class", name)
     found: tuple[bool, _Effective | None] | None = snap.memo.get(key)
     if found is None:
-        found = snap.memo[key] = (is_mig_class(name, device_class),
-                                  effective_config("", [(name, device_class)], [], ""))
+        mig = is_mig_class(name, device_class)
+        found = snap.memo[key] = (mig, effective_config("", [(name, device_class)], [], "",
+                                                        MIG_KINDS if mig else SHARING_KINDS))
     return found
 
 
@@ -494,13 +530,15 @@ def analyze_pod(pod: Mapping[str, Any], namespace: str, snapshot: DraSnapshot | 
         for r in reasons:
             all_reasons.setdefault((r.path, r.why), r)
         out.append(DraContainer(kind, index, tuple(dict.fromkeys(acc.claims)), reasons,
-                                acc.mig_only, min(acc.mps) if acc.mps else None))
+                                acc.mig_only, min(acc.mps) if acc.mps else None,
+                                sum(acc.capacity) if acc.capacity else None))
     group = _dict(spec.get("schedulingGroup")).get("podGroupName")
     if group and any(e.key is None for e in entries.values()):
         possible.append(("spec.schedulingGroup", f"pod group {group}: template claims may be "
                                                  "shared by the group (DRAWorkloadResourceClaims)"))
     return DraPod(tuple(out), tuple(all_reasons.values()), tuple(dict.fromkeys(possible)),
-                  tuple((p.split(":", 1)[0], what) for p, what in unresolved.items()))
+                  tuple((p.split(":", 1)[0], what) for p, what in unresolved.items()),
+                  offline=snap.offline)
 
 
 # --- the second rule set: ResourceClaims and ResourceClaimTemplates themselves ------------
@@ -549,8 +587,9 @@ def sharing_findings(obj: Mapping[str, Any], kind: str, snapshot: DraSnapshot | 
         if not gpu:
             continue
         unknown.extend(c for c in gpu if c not in snap.classes)
+        mig = all(is_mig_class(c, snap.classes.get(c)) for c in gpu)
         eff = effective_config(name, [(c, snap.classes.get(c)) for c in gpu], configs,
-                               f"{base}.devices.config")
+                               f"{base}.devices.config", MIG_KINDS if mig else SHARING_KINDS)
         if eff is not None and eff.strategy in SHARED_STRATEGIES:
             path = (eff.where.split(" ")[0] if not eff.where.startswith("DeviceClass ")
                     else f"{base}.devices.requests[{i}]")

@@ -24,7 +24,7 @@ from gpu_admission.dra.analysis import (
     claim_object_labels,
     sharing_findings,
 )
-from gpu_admission.dra.model import CLAIM, GROUP, TEMPLATE, DraSnapshot
+from gpu_admission.dra.model import CLAIM, GROUP, TEMPLATE, DraSnapshot, normalize
 from gpu_admission.engine import classify, exemption, short_warning
 from gpu_admission.policy.model import Policy
 from gpu_admission.rules.dra import UNKNOWN
@@ -54,7 +54,7 @@ def evaluate_claim(obj: Mapping[str, Any], kind: str, facts: RequestFacts, polic
     if isinstance(annotations, dict) and annotations.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION):
         return _ALLOWED
     compiled = policy.compiled
-    findings, unknown = sharing_findings(obj, kind, dra, compiled.dra_gpu_classes)
+    findings, unknown = sharing_findings(normalize(obj, kind), kind, dra, compiled.dra_gpu_classes)
     if not findings and not unknown:
         return _ALLOWED
     labels = claim_object_labels(obj, kind)
@@ -74,8 +74,12 @@ def evaluate_claim(obj: Mapping[str, Any], kind: str, facts: RequestFacts, polic
         "each training job ~3x slower: remove the sharing config, or label it "
         "gpu-admission.io/workload=inference if it only serves",
         compiled.modes[TRAINING_RULE]) for f in findings]
+    offline = dra is not None and dra.offline
     violations.extend(Violation(
-        UNKNOWN, "spec", f"DeviceClass {c} is not in the webhook's DRA cache: cannot check its "
+        UNKNOWN, "spec", f"DeviceClass {c} is not in the files given to evaluate: cannot check "
+        "its sharing config; add the file that defines it (-f), or read the cluster's objects "
+        "with --cluster KUBECONFIG" if offline else
+        f"DeviceClass {c} is not in the webhook's DRA cache: cannot check its "
         "sharing config; retry in a few seconds", compiled.modes[UNKNOWN]) for c in unknown)
     allowed = not any(v.mode is Mode.ENFORCE for v in violations)
     warnings = tuple(dict.fromkeys(short_warning(v) for v in violations if v.mode is Mode.WARN))

@@ -92,7 +92,7 @@ class OfflineDra:
         if self._snapshot is None:
             self._snapshot = DraSnapshot.build(
                 classes=self.objects[DEVICE_CLASS], templates=self.objects[TEMPLATE],
-                claims=self.objects[CLAIM], claim_users=self._users)
+                claims=self.objects[CLAIM], claim_users=self._users, offline=True)
         return self._snapshot
 
     def snapshot_for(self, tpl: PodTemplate) -> DraSnapshot:

@@ -52,6 +52,11 @@ DEFAULT_POLICY_RESOURCE = "default-policy.yaml"
 
 SharingMode = Literal["none", "time-slicing", "mps", "mig", "fractional"]
 WorkloadClass = Literal["training", "inference", "notebook"]
+#: Other GPU-sharing systems whose pods the policy recognises (spec.otherSharingSystems):
+#: ``kai`` = NVIDIA KAI-Scheduler / Run:ai fractions (pod annotations ``gpu-fraction``,
+#: ``gpu-memory``); ``hami`` = HAMi vGPU (``nvidia.com/gpumem``, ``gpumem-percentage``,
+#: ``gpucores`` resources).
+SharingSystem = Literal["kai", "hami"]
 
 # Rule ids, in the fixed order the engine runs them (see gpu_admission.rules).
 RULE_IDS: tuple[str, ...] = (
@@ -68,6 +73,7 @@ RULE_IDS: tuple[str, ...] = (
     "gpu-device-hostpath",
     "dra-reference-unknown",
     "dra-sharing-possible",
+    "other-sharing-system",
 )
 
 _CUDA_RE = re.compile(r"^\d{1,3}\.\d{1,3}$")
@@ -287,6 +293,12 @@ class Classification(_Model):
         alias="trainingLabelPrefixes")
     notebook_labels: list[StrictStr] = Field(default_factory=lambda: ["notebook-name"],
                                              alias="notebookLabels")
+    # The class of a GPU pod owned by a batch/v1 Job (CronJobs create Jobs) that nothing else
+    # classifies; null: such pods take ``defaultWorkload``. Training by default: misclassing
+    # a batch job as training only costs it a dedicated GPU, misclassing training as
+    # inference slows it ~3x on a time-sliced card and caps its memory (issue 22).
+    batch_job_workload: WorkloadClass | None = Field(default="training",
+                                                    alias="batchJobWorkload")
 
 
 def _percent(value: Any) -> int:
@@ -400,6 +412,9 @@ class RuleModes(_Model):
     # that may still land on a shared device.
     dra_reference_unknown: Mode = Field(default=Mode.ENFORCE, alias="dra-reference-unknown")
     dra_sharing_possible: Mode = Field(default=Mode.WARN, alias="dra-sharing-possible")
+    # A pod asks KAI-Scheduler or HAMi for its GPU and the policy does not declare that
+    # system in spec.otherSharingSystems (or the request is malformed).
+    other_sharing_system: Mode = Field(default=Mode.ENFORCE, alias="other-sharing-system")
 
     def as_map(self) -> dict[str, Mode]:
         return {rule: getattr(self, rule.replace("-", "_")) for rule in RULE_IDS}
@@ -473,6 +488,19 @@ class PolicySpec(_Model):
     rules: RuleModes = Field(default_factory=RuleModes)
     dra: Dra = Field(default_factory=Dra)
     reclaim: Reclaim = Field(default_factory=Reclaim)
+    # Other GPU-sharing systems the cluster runs (README, spec.otherSharingSystems):
+    # their pods are GPU pods that keep the env their system writes. Off by default.
+    other_sharing_systems: list[SharingSystem] = Field(default_factory=list,
+                                                       alias="otherSharingSystems")
+
+    @field_validator("other_sharing_systems")
+    @classmethod
+    def _unique_systems(cls, values: list[str]) -> list[str]:
+        if len(set(values)) != len(values):
+            dup = next(v for v in values if values.count(v) > 1)
+            raise PydanticCustomError("duplicate_system", "duplicate sharing system {name}",
+                                      {"name": _got(dup)})
+        return values
 
     @field_validator("node_pools")
     @classmethod
@@ -507,6 +535,10 @@ class Compiled:
     # spec.dra: GPU DeviceClass names; mode of dra-reference-unknown for non-training pods
     dra_gpu_classes: frozenset[str] = frozenset()
     dra_unknown_other: Mode = Mode.WARN
+    # spec.classification.batchJobWorkload (None: batch Jobs take the default class)
+    batch_job_workload: str | None = "training"
+    # spec.otherSharingSystems ("kai", "hami")
+    other_systems: frozenset[str] = frozenset()
 
 
 class Policy(_Model):
@@ -540,6 +572,8 @@ class Policy(_Model):
             image_cuda=image_lookup([entry.rule() for entry in spec.cuda_routing.images]),
             dra_gpu_classes=frozenset(spec.dra.gpu_device_classes),
             dra_unknown_other=spec.dra.non_training_unknown_references,
+            batch_job_workload=spec.classification.batch_job_workload,
+            other_systems=frozenset(spec.other_sharing_systems),
         )
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None,

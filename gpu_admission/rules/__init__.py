@@ -14,6 +14,7 @@ from gpu_admission.rules.dra import DraRules
 from gpu_admission.rules.fractional import FractionalGpu
 from gpu_admission.rules.gpu_access import GpuAccess
 from gpu_admission.rules.memory import MemoryLimit
+from gpu_admission.rules.other_systems import OtherSharingSystems
 from gpu_admission.rules.scheduler import SchedulerName
 from gpu_admission.rules.training import NoTrainingOnSharedGpu
 from gpu_admission.rules.workload_label import WorkloadLabel
@@ -27,6 +28,7 @@ RULES: tuple[Rule, ...] = (
     FractionalGpu(),
     GpuAccess(),
     DraRules(),
+    OtherSharingSystems(),
 )
 
 __all__ = ["RULES", "Context", "GpuContainer", "Rule"]

@@ -18,6 +18,7 @@ from gpu_admission.dra.analysis import DraContainer, DraPod
 from gpu_admission.fractional import NOT_FRACTIONAL, Fraction, Plan
 from gpu_admission.patch import PatchBuilder
 from gpu_admission.policy.model import Compiled, NodePool, Policy
+from gpu_admission.sharing_systems import OtherContainer, OtherGpu
 from gpu_admission.vocab import GPU_MEMORY_RESOURCE
 
 
@@ -32,6 +33,7 @@ class GpuContainer:
     shared: bool  # a ".shared" resource (time-slicing/MPS with renameByDefault)
     mig: bool  # a nvidia.com/mig-* resource (or, through DRA, only MIG slices)
     dra: DraContainer | None = None  # set when (also) given a GPU through DRA (docs/dra.md)
+    other: OtherContainer | None = None  # set when another sharing system serves it (KAI, HAMi)
     # requests gpu-admission.io/gpu-memory (a fractional GPU, gpu_admission.fractional)
     fractional: bool = False
 
@@ -78,6 +80,7 @@ class Context:
     mig: bool
     violations: list[Violation] = field(default_factory=list)
     dra: DraPod | None = None  # the DRA view of the pod, when it names claims or DRA resources
+    other: OtherGpu | None = None  # another sharing system's view (spec.otherSharingSystems)
     # fractional GPUs (gpu_admission.fractional): the plan, and its fraction when there is one
     fraction_plan: Plan = NOT_FRACTIONAL
 

@@ -18,7 +18,9 @@ module adds what only DRA has:
 * memory env vars (the ``memory-limit`` rule's, :mod:`gpu_admission.rules.memory`) for the
   containers on a shared claim (not training, not MIG: MIG slices have their own memory).
   The share is the MPS ``defaultPinnedDeviceMemoryLimit`` of the claim/class config when set
-  (MiB, what the MPS daemon enforces), otherwise the policy's (pool or defaults).
+  (MiB, what the MPS daemon enforces), the consumable capacity the claim asks for
+  (``exactly.capacity.requests.memory``, in MiB; the smaller of the two when both), otherwise
+  the policy's (pool or defaults).
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ from typing import Final
 
 from gpu_admission.decision import Mode, Violation
 from gpu_admission.rules.base import Context
-from gpu_admission.rules.memory import MemoryLimit, Wanted, memory_share, wanted_env
+from gpu_admission.rules.memory import (
+    FRACTION_VARS,
+    MemoryLimit,
+    Wanted,
+    memory_share,
+    wanted_env,
+)
 
 UNKNOWN: Final = "dra-reference-unknown"
 POSSIBLE: Final = "dra-sharing-possible"
@@ -40,10 +48,24 @@ def unknown_mode(ctx: Context) -> Mode:
     return ctx.compiled.dra_unknown_other
 
 
-def unknown_message(what: str, training: bool) -> str:
+def unknown_message(what: str, training: bool, *, offline: bool = False,
+                    limits_set: bool = False) -> str:
+    """The ``dra-reference-unknown`` message. ``offline``: the snapshot is ``evaluate``'s
+    files, so the object is missing from the input (no retry helps); ``limits_set``: the pod
+    gets memory variables anyway (from what is known), so the message must not deny it."""
+    if offline:
+        where = (f"{what} is not in the files given to evaluate: add the file that defines it "
+                 "(-f), or read the cluster's objects with --cluster KUBECONFIG")
+        if training:
+            return where + "; cannot tell whether the GPU is shared"
+        return where + ("; sharing not fully checked, memory limits set from the known objects"
+                        if limits_set else "; sharing not checked, no memory limits set")
     if training:
         return (f"{what} is not in the webhook's DRA cache (just created, or the cache is "
                 "syncing): cannot tell whether the GPU is shared; retry in a few seconds")
+    if limits_set:
+        return (f"{what} is not in the webhook's DRA cache yet: sharing not fully checked, "
+                "memory limits set from the known objects")
     return (f"{what} is not in the webhook's DRA cache yet: sharing not checked, no memory "
             "limits set")
 
@@ -64,9 +86,11 @@ class DraRules:
             return
         training = ctx.workload == "training"
         mode = unknown_mode(ctx)
+        limits_set = not training and any(
+            gc.dra is not None and not gc.mig and gc.dra.shared for gc in ctx.gpu_containers)
         for path, what in dra.unresolved:
-            ctx.violations.append(Violation(UNKNOWN, path, unknown_message(what, training),
-                                            mode))
+            ctx.violations.append(Violation(UNKNOWN, path, unknown_message(
+                what, training, offline=dra.offline, limits_set=limits_set), mode))
         if training and not ctx.shared_reasons:
             for path, why in dra.possible:
                 ctx.violate(POSSIBLE, path, f"GPU may become shared: {why}")
@@ -80,6 +104,13 @@ class DraRules:
             if gc.dra.mps_limit_mib is not None:
                 mem_mib = gc.dra.mps_limit_mib
                 source = "MPS defaultPinnedDeviceMemoryLimit of " + ", ".join(gc.dra.claims)
+            if gc.dra.capacity_mib is not None:
+                # consumable capacity: the claim's own memory share (MiB) is the limit
+                mem_mib = min(mem_mib, gc.dra.capacity_mib) if gc.dra.mps_limit_mib else \
+                    gc.dra.capacity_mib
+                source = "capacity.requests.memory of " + ", ".join(gc.dra.claims)
+                if ctx.pool is not None:  # the share of the pool's card it is
+                    fraction = min(fraction, mem_mib / ctx.pool.memory_mib)
             key = (id(ctx.pool), id(limits), mem_mib, source)
             memo = self._memo.get(key)
             if memo is None or memo[0] is not ctx.pool or memo[1] is not limits:
@@ -87,4 +118,9 @@ class DraRules:
                     self._memo.clear()
                 memo = self._memo[key] = (ctx.pool, limits, wanted_env(
                     ctx.pool, limits, 0, (mem_mib, fraction, source))[0])
-            MemoryLimit.apply_env(ctx, gc, memo[2], source)
+            wanted = memo[2]
+            if gc.dra.capacity_mib is not None and ctx.pool is None:
+                # a share in MiB of a card of unknown size: no fraction is known to be
+                # within it, so none is written (only NVIDIA_MEM_LIMIT_MB and growth)
+                wanted = [w for w in wanted if w[0] not in FRACTION_VARS]
+            MemoryLimit.apply_env(ctx, gc, wanted, source)

@@ -63,6 +63,7 @@ from gpu_admission.decision import Mode, Violation
 from gpu_admission.fractional import is_visible_devices_ref
 from gpu_admission.patch import PatchBuilder
 from gpu_admission.rules.base import Context
+from gpu_admission.sharing_systems import KAI
 
 ISOLATION: Final = "gpu-access-isolation"
 VISIBLE_DEVICES: Final = "gpu-visible-devices"
@@ -92,7 +93,7 @@ def is_device_path(path: str) -> bool:
     return 0 < len(path) <= PATH_MAX and _DEVICE_PATH.fullmatch(path) is not None
 
 
-def _last_entry(env: Any) -> tuple[int, Mapping[str, Any]] | None:
+def last_entry(env: Any) -> tuple[int, Mapping[str, Any]] | None:
     """The last ``NVIDIA_VISIBLE_DEVICES`` entry of an env list and its index (the search
     itself is ``list.__contains__``, so long env lists cost one comprehension)."""
     if env.__class__ is not list or not env:
@@ -109,10 +110,14 @@ def _last_entry(env: Any) -> tuple[int, Mapping[str, Any]] | None:
 
 def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Mapping[str, Mode],
           patch: PatchBuilder | None, out: list[Violation], *,
+          others: AbstractSet[tuple[str, int]] = frozenset(),
           fractional_configmap: str | None = None) -> None:
     """Apply the guard to one pod spec: append violations to ``out``, declare the ``void``
     upserts on ``patch`` (None: validate stage). ``gpu`` holds ``(kind, index)`` of the GPU
     containers. The engine calls this for every Pod CREATE that is not exempt.
+
+    ``others``: GPU containers whose ``NVIDIA_VISIBLE_DEVICES`` a declared other sharing
+    system writes (KAI), judged by rule ``other-sharing-system`` instead.
 
     ``fractional_configmap``: the pod is fractional (:mod:`gpu_admission.fractional`) and
     its GPU comes from this ConfigMap; a GPU container whose variable is exactly the
@@ -128,9 +133,9 @@ def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Map
         for index, container in enumerate(items):
             if container.__class__ is not dict:
                 continue
-            found = _last_entry(container.get("env"))
+            found = last_entry(container.get("env"))
             if (kind, index) in gpu:
-                if found is not None and not (
+                if found is not None and (kind, index) not in others and not (
                         fractional_configmap is not None
                         and is_visible_devices_ref(found[1], fractional_configmap)):
                     out.append(Violation(
@@ -185,6 +190,8 @@ class GpuAccess:
         if ctx.facts.operation != "CREATE":
             return
         gpu = {(gc.kind, gc.index) for gc in ctx.gpu_containers}
+        others = (ctx.other.places if ctx.other is not None and ctx.other.declared
+                  and ctx.other.system == KAI else frozenset())
         fraction = ctx.fraction
-        guard(ctx.spec, gpu, ctx.compiled.modes, ctx.patch, ctx.violations,
+        guard(ctx.spec, gpu, ctx.compiled.modes, ctx.patch, ctx.violations, others=others,
               fractional_configmap=fraction.configmap if fraction is not None else None)

@@ -45,6 +45,7 @@ from typing import Any, Final
 from gpu_admission.fractional import HAMI_MEMORY_LIMIT, Fraction, hami_limit_bytes, hami_limit_text
 from gpu_admission.policy.model import MemoryLimits, NodePool
 from gpu_admission.rules.base import Context, GpuContainer
+from gpu_admission.sharing_systems import OtherContainer
 
 LIMIT: Final = "memory-limit"
 UNVERIFIABLE: Final = "memory-limit-unverifiable"
@@ -55,6 +56,10 @@ XLA_CLIENT_MEM_FRACTION: Final = "XLA_CLIENT_MEM_FRACTION"
 XLA_PYTHON_CLIENT_MEM_FRACTION: Final = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 TF_FORCE_GPU_ALLOW_GROWTH: Final = "TF_FORCE_GPU_ALLOW_GROWTH"
 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+#: The variables that carry a fraction of the card (not written when the card is unknown
+#: and the share is given in MiB only).
+FRACTION_VARS: Final = frozenset({"GPU_MEMORY_FRACTION", "XLA_CLIENT_MEM_FRACTION",
+                                  "XLA_PYTHON_CLIENT_MEM_FRACTION"})
 
 _HAMI_PER_DEVICE = re.compile(r"^CUDA_DEVICE_MEMORY_LIMIT_[0-9]+$")
 # "<dev>=<size>" with size like 4096M, 4G, 512MB, 1GiB (binary units; bare number = MiB).
@@ -165,6 +170,10 @@ class MemoryLimit:
         for gc in ctx.gpu_containers:
             if gc.mig or gc.dra is not None:  # DRA containers: gpu_admission.rules.dra
                 continue
+            if gc.other is not None:  # another sharing system's share caps ours
+                wanted, source = other_wanted(pool, limits, gc.other)
+                self.apply_env(ctx, gc, wanted, source)
+                continue
             devices = gc.gpu_count if mps else 0  # only the MPS value depends on the count
             key = (id(pool), id(limits), devices)
             memo = self._memo.get(key)
@@ -238,6 +247,22 @@ class MemoryLimit:
                     continue
             if ctx.patch is not None:
                 ctx.patch.upsert_env(gc.kind, gc.index, name, value)
+
+
+def other_wanted(pool: NodePool | None, limits: MemoryLimits,
+                 other: OtherContainer) -> tuple[Wanted, str]:
+    """The variables for a container whose share another sharing system grants (KAI, HAMi;
+    :mod:`gpu_admission.sharing_systems`): exactly that share, never more, and a variable
+    whose value is not known (the MiB of a fraction on an unknown card) is not written."""
+    source = other.why
+    wanted, _ = wanted_env(pool, limits, 0,
+                           (other.memory_mib or 0, other.fraction or 0.0, source))
+    skip = set()
+    if other.memory_mib is None:
+        skip.add(NVIDIA_MEM_LIMIT_MB)
+    if other.fraction is None:
+        skip.update(FRACTION_VARS)
+    return [w for w in wanted if w[0] not in skip], source
 
 
 def _hami_ok(limit_mib: int) -> Callable[[str], bool | None]:

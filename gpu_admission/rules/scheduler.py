@@ -29,6 +29,8 @@ class SchedulerName:
         target = ctx.policy.spec.scheduler_name
         if not target or ctx.spec.get("nodeName"):
             return
+        if ctx.other is not None and ctx.other.declared:
+            return  # KAI/HAMi pods are placed by their own scheduler (spec.otherSharingSystems)
         current = ctx.spec.get("schedulerName")
         if current in (None, "", DEFAULT_SCHEDULER):
             if ctx.patch is not None:

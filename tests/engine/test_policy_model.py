@@ -43,6 +43,8 @@ def test_default_policy_values() -> None:
     assert spec.memory_limits.default_memory_mib == 16000
     assert spec.memory_limits.default_fraction == 0.2
     assert spec.exemptions.namespaces == ["kube-system"]
+    assert spec.other_sharing_systems == []  # off by default (issue 22)
+    assert spec.classification.batch_job_workload == "training"
     assert policy.compiled.modes == {
         "workload-label": Mode.WARN, "no-training-on-shared-gpu": Mode.ENFORCE,
         "scheduler-name": Mode.WARN, "cuda-version-conflict": Mode.ENFORCE,
@@ -50,7 +52,7 @@ def test_default_policy_values() -> None:
         "memory-limit": Mode.ENFORCE, "memory-limit-unverifiable": Mode.WARN,
         "gpu-access-isolation": Mode.ENFORCE, "gpu-visible-devices": Mode.ENFORCE,
         "gpu-device-hostpath": Mode.ENFORCE, "dra-reference-unknown": Mode.ENFORCE,
-        "dra-sharing-possible": Mode.WARN}
+        "dra-sharing-possible": Mode.WARN, "other-sharing-system": Mode.ENFORCE}
     assert set(policy.compiled.modes) == set(RULE_IDS)
     assert default_policy() is policy  # parsed once
 

@@ -223,7 +223,8 @@ def test_webhook_configuration_safety_settings(target: str) -> None:
         assert set(excluded["values"]) == {"kube-system", namespace}
         if hook["name"] == CLAIMS_HOOK:  # DRA's second rule set (docs/dra.md)
             assert (kind, hook["rules"]) == ("ValidatingWebhookConfiguration", [{
-                "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                "apiGroups": ["resource.k8s.io"],
+                "apiVersions": ["v1", "v1beta2", "v1beta1"],
                 "operations": ["CREATE"], "resources": ["resourceclaims",
                                                         "resourceclaimtemplates"],
                 "scope": "Namespaced"}])
