@@ -14,24 +14,42 @@ cel-python is an interpreter written in Python; the API server's cel-go is compi
 celpy figures say what ``evaluate --compiled`` and the tests cost, not what the API server
 pays (the issue measured 0.2-0.6 ms for a MAP on a real 1.36 API server).
 
-    python benchmarks/compile_bench.py [--repeat N]
+Then the CEL itself in a compiled evaluator, **cel-cpp** (Google's C++ CEL, ``cel-expr-python``,
+the binding the type-check test uses): every expression the API server would evaluate for a
+typical GPU pod and a typical CPU pod, the mutating policies first, then the validating
+policies on the mutated pod, each policy's matchConditions first (a false one skips the
+policy), then the variables its expressions reference (each once, in order: an upper bound on
+the API server's lazy evaluation), then its validations, audit annotations and mutation; next
+to a hand-written *floor* MAP (``schedulerName``, ``NVIDIA_MEM_LIMIT_MB`` and
+``GPU_MEMORY_FRACTION`` on GPU containers, no variables). Handing each value to the next
+expression goes through Python; the time of an empty expression with the same inputs is
+subtracted per evaluation. ``--objects FILE`` measures another compiled set (e.g. ``git show
+main:...``'s output) next to the current one.
+
+    python benchmarks/compile_bench.py [--repeat N] [--objects before.yaml] [--cel-cpp-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from gpu_admission.compile.compiler import compile_policy
 from gpu_admission.compile.evaluator import admit, counting_cost
+from gpu_admission.compile.guard import compile_guard
 from gpu_admission.compile.offline import as_admitted
 from gpu_admission.compile.render import render
 from gpu_admission.decision import RequestFacts
 from gpu_admission.engine import evaluate
+from gpu_admission.patch import apply_ops
 from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
 
 
@@ -92,10 +110,207 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(samples)
 
 
+# ----------------------------------------------------------------------------- cel-cpp
+FLOOR_MAP = (
+    '[{"op": "add", "path": "/spec/schedulerName", "value": "gpu-aware-scheduler"}] + '
+    'lists.range(size(object.spec.containers)).filter(i, '
+    'has(object.spec.containers[i].resources) && has(object.spec.containers[i].resources.limits)'
+    ' && "nvidia.com/gpu" in object.spec.containers[i].resources.limits).map(i, '
+    'has(object.spec.containers[i].env) ? ['
+    '{"op": "add", "path": "/spec/containers/" + string(i) + "/env/-", '
+    '"value": {"name": "NVIDIA_MEM_LIMIT_MB", "value": "16000"}}, '
+    '{"op": "add", "path": "/spec/containers/" + string(i) + "/env/-", '
+    '"value": {"name": "GPU_MEMORY_FRACTION", "value": "0.2"}}] : ['
+    '{"op": "add", "path": "/spec/containers/" + string(i) + "/env", '
+    '"value": [{"name": "NVIDIA_MEM_LIMIT_MB", "value": "16000"}, '
+    '{"name": "GPU_MEMORY_FRACTION", "value": "0.2"}]}]).flatten()')
+
+
+class CelCpp:
+    """cel-cpp environments with the 1.36 admission libraries: cel-cpp's strings and lists
+    extensions, plus the Kubernetes list ``lastIndexOf``/``sum`` and regex ``find`` (declared
+    as the type-check test declares them, implemented in Python: cel-cpp lacks them)."""
+
+    def __init__(self) -> None:
+        from cel_expr_python import cel  # noqa: PLC0415 - optional, benchmark only
+
+        self.cel = cel
+        t = "{type_name: T, is_type_param: true}"
+        list_t = "{type_name: list, params: [" + t + "]}"
+        functions = [
+            # the strings extension owns lastIndexOf; the list overload (Kubernetes' list
+            # library) cannot be added to it, so the benchmark renames the call
+            "  - name: k8sLastIndexOf", "    overloads:",
+            f"      - {{id: list_a_last_index_of_int, target: {list_t}, args: [{t}], "
+            "return: {type_name: int}}",
+            "      - {id: string_last_index_of_string, target: {type_name: string}, "
+            "args: [{type_name: string}], return: {type_name: int}}",
+            "  - name: sum", "    overloads:",
+            "      - {id: list_int_sum_int, target: {type_name: list, params: [{type_name: int}]}"
+            ", args: [], return: {type_name: int}}",
+            "  - name: find", "    overloads:",
+            "      - {id: string_find_string, target: {type_name: string}, "
+            "args: [{type_name: string}], return: {type_name: string}}"]
+        config = "\n".join(["name: bench", "extensions:",
+                            "  - {name: lists, version: latest}",
+                            "  - {name: strings, version: latest}", "functions:", *functions])
+        self.config = cel.NewEnvConfigFromYaml(config)
+        self.impls = {
+            "list_a_last_index_of_int": lambda items, x: (
+                len(items) - 1 - list(reversed(items)).index(x) if x in items else -1),
+            "string_last_index_of_string": lambda text, x: text.rfind(x),
+            "list_int_sum_int": sum,
+            "string_find_string": _find,
+        }
+        self.cache: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+    def program(self, expr: str, declared: tuple[str, ...]) -> Any:
+        key = (expr, declared)
+        if key not in self.cache:
+            names = dict.fromkeys(("object", "oldObject", "request", "namespaceObject",
+                                   *declared), self.cel.Type.DYN)
+            env = self.cel.NewEnv(config=self.config, variables=names,
+                                  function_impls=self.impls)
+            self.cache[key] = env.compile(expr.replace(".lastIndexOf(", ".k8sLastIndexOf("))
+        return self.cache[key]
+
+
+_VAR = re.compile(r"variables\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _find(text: str, pattern: str) -> str:
+    import re2  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    found = re2.search(pattern, text)
+    return found.group(0) if found else ""
+
+
+def _policy_exprs(obj: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+    """(matchConditions, variables (name, expression), the other expressions)."""
+    spec = obj["spec"]
+    conditions = [c["expression"] for c in spec.get("matchConditions", [])]
+    variables = [(v["name"], v["expression"]) for v in spec.get("variables", [])]
+    others = [e for v in spec.get("validations", []) for k, e in v.items()
+              if k in ("expression", "messageExpression")]
+    others += [a["valueExpression"] for a in spec.get("auditAnnotations", [])]
+    others += [f"variables.{m['jsonPatch']['expression'].split('variables.')[1].split('.')[0]}"
+               for m in spec.get("mutations", []) if "jsonPatch" in m]
+    return conditions, variables, others
+
+
+def cel_cpp_run(cpp: CelCpp, objects: list[dict[str, Any]], pod: dict[str, Any],
+                timings: list[float]) -> dict[str, Any]:
+    """One admission of ``pod`` through ``objects`` in cel-cpp; appends the net time of every
+    evaluation to ``timings``; returns the patched pod."""
+    from gpu_admission.compile.evaluator import selector_matches  # noqa: PLC0415
+
+    def run(expr: str, data: dict[str, Any], declared: tuple[str, ...]) -> Any:
+        """Net time: the expression minus an empty one fed the same inputs (the conversion
+        of the pod and of the referenced variables from Python, which the API server does
+        not pay)."""
+        program = cpp.program(expr, declared)
+        used = {k: v for k, v in data.items()
+                if not k.startswith("variables.") or k[10:] in _VAR.findall(expr)}
+        empty = cpp.program("true", tuple(k for k in used if k.startswith("variables.")))
+        start = time.perf_counter()
+        empty.eval(data=used)
+        middle = time.perf_counter()
+        value = program.eval(data=used)
+        end = time.perf_counter()
+        timings.append(max((end - middle) - (middle - start), 0.0))
+        return value.plain_value() if hasattr(value, "plain_value") else value
+
+    labels = {"kubernetes.io/metadata.name": "team-a", "gpu-admission.io/enabled": "true"}
+    request = {"operation": "CREATE", "subResource": "", "namespace": "team-a",
+               "userInfo": {"username": "alice", "groups": ["system:authenticated"]}}
+    current = pod
+    for stage in ("MutatingAdmissionPolicy", "ValidatingAdmissionPolicy"):
+        for obj in objects:
+            if obj["kind"] != stage:
+                continue
+            selector = obj["spec"]["matchConstraints"].get("namespaceSelector", {})
+            if not selector_matches(selector, labels):
+                continue
+            data: dict[str, Any] = {"object": current, "oldObject": None, "request": request}
+            conditions, variables, others = _policy_exprs(obj)
+            if not all(run(c, data, ()) for c in conditions):
+                continue
+            declared: tuple[str, ...] = ()
+            for name, expr in variables:
+                data[f"variables.{name}"] = run(expr, data, declared)
+                declared += (f"variables.{name}",)
+            patch = None
+            for expr in others:
+                value = run(expr, data, declared)
+                if stage.startswith("Mutating") and expr.startswith("variables."):
+                    patch = value
+            if patch:
+                current = apply_ops(current, patch)
+    return current
+
+
+def cel_cpp_section(objects_by_name: dict[str, list[dict[str, Any]]], repeat: int) -> None:
+    cpp = CelCpp()
+    floor = [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+              "metadata": {"name": "floor"},
+              "spec": {"matchConstraints": {}, "mutations": [
+                  {"patchType": "JSONPatch", "jsonPatch": {"expression": "variables.ops.map(o, "
+                                                                         "o)"}}],
+                       "variables": [{"name": "ops", "expression": FLOOR_MAP}]}}]
+    typical = {"gpu (Triton)": pods()["inference"], "cpu (nginx)": pods()["cpu-only"]}
+
+    def measure(objects: list[dict[str, Any]], pod: dict[str, Any]) -> tuple[float, int]:
+        best = []
+        evaluations = 0
+        for _ in range(repeat):
+            timings: list[float] = []
+            cel_cpp_run(cpp, objects, pod, timings)
+            evaluations = len(timings)
+            best.append(sum(timings))
+        return statistics.median(best), evaluations
+
+    print("\ncel-cpp (cel-expr-python): net CEL time per pod CREATE, median of", repeat)
+    print(f"  {'objects':<22}{'pod':<15}{'µs':>9}{'evals':>7}{'x floor':>9}")
+    for label, pod in typical.items():
+        floor_time, floor_n = measure(floor, pod)
+        print(f"  {'floor MAP':<22}{label:<15}{floor_time * 1e6:9.1f}{floor_n:7d}{1.0:8.1f}x")
+        for name, objects in objects_by_name.items():
+            got, count = measure(objects, pod)
+            print(f"  {name:<22}{label:<15}{got * 1e6:9.1f}{count:7d}"
+                  f"{got / floor_time:8.1f}x")
+
+
+def cost_section(objects_by_name: dict[str, list[dict[str, Any]]]) -> None:
+    """CEL steps per policy (cel-python's node count: the proxy the limits test uses for the
+    API server's runtime cost units) for the typical pods."""
+    from gpu_admission.compile.evaluator import admit as run_admit  # noqa: PLC0415
+
+    print("\nCEL steps per admission (cel-python node count, the cost-limit test's proxy)")
+    facts = RequestFacts(namespace="team-a")
+    for name, objects in objects_by_name.items():
+        for label in ("inference", "cpu-only"):
+            with counting_cost() as steps:
+                run_admit(objects, pods()[label], facts)
+            print(f"  {name:<22}{label:<15}{steps[0]:9d}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--objects", action="append", default=[], metavar="FILE",
+                        help="another compiled YAML stream to measure next to the current one")
+    parser.add_argument("--cel-cpp-only", action="store_true")
     args = parser.parse_args()
+    current = compile_policy(default_policy(), partial=True).objects
+    sets: dict[str, list[dict[str, Any]]] = {}
+    for path in args.objects:
+        sets[Path(path).stem] = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+    sets["compiled (this tree)"] = current
+    sets["guard half"] = compile_guard(default_policy()).objects
+    cel_cpp_section(sets, max(args.repeat, 20))
+    cost_section(sets)
+    if args.cel_cpp_only:
+        return
     policies = {"default": default_policy(), "20 pools": pools_policy(20)}
     print("compile (policy -> objects -> YAML), median of", args.repeat)
     for name, policy in policies.items():

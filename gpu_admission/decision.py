@@ -31,6 +31,12 @@ class RequestFacts:
     groups: tuple[str, ...] = ()
     dry_run: bool = False
     stage: Stage = "mutate"
+    #: ``request.subResource``: "" for the Pod itself, ``ephemeralcontainers`` when
+    #: ``kubectl debug`` adds a container (an UPDATE carrying the whole Pod).
+    sub_resource: str = ""
+    #: On a ``pods/ephemeralcontainers`` UPDATE: the names of the ephemeral containers the pod
+    #: already had (``request.oldObject``); they are immutable, only the others are judged.
+    existing_ephemeral: frozenset[str] = frozenset()
     # AdmissionReview request.uid: names a fractional pod's ConfigMap (gpu_admission.fractional)
     uid: str = ""
 

@@ -16,9 +16,12 @@ Pods without a GPU container only meet the GPU-access guard
 ``Decision`` has ``gpu=False``, no workload or CUDA, and may still carry the guard's patch
 (``NVIDIA_VISIBLE_DEVICES=void``) or its denials. The GPU path runs every rule, the guard included.
 
-Only a Pod CREATE at ``stage == "mutate"`` gets a patch. ``stage == "validate"`` (after all
-mutating webhooks) and UPDATE re-check the object and never return a patch; a pod that merely
-lacks our mutations is not denied for that.
+A ``pods/ephemeralcontainers`` UPDATE (``kubectl debug``) meets only the guard, for the ephemeral
+containers it adds (:func:`_ephemeral`); other subresources are not the engine's.
+
+Only a Pod CREATE or an ephemeral-container UPDATE at ``stage == "mutate"`` gets a patch.
+``stage == "validate"`` (after all mutating webhooks) and UPDATE re-check the object and never
+return a patch; a pod that merely lacks our mutations is not denied for that.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from gpu_admission.policy.model import Compiled, NodePool, Policy
 from gpu_admission.rules import RULES, Context, GpuContainer
 from gpu_admission.rules.dra import UNKNOWN as DRA_UNKNOWN
 from gpu_admission.rules.dra import unknown_message
-from gpu_admission.rules.gpu_access import guard
+from gpu_admission.rules.gpu_access import EPHEMERAL_KIND, EPHEMERAL_SUBRESOURCE, guard
 from gpu_admission.rules.other_systems import RULE as OTHER_RULE
 from gpu_admission.rules.other_systems import undeclared_message
 from gpu_admission.sharing_systems import (
@@ -411,6 +414,10 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return _ALLOWED
+    if facts.sub_resource:
+        if facts.sub_resource == EPHEMERAL_SUBRESOURCE and facts.operation == "UPDATE":
+            return _ephemeral(pod, spec, facts, policy.compiled)
+        return _ALLOWED
     fractional = has_fractional_pools(policy)
     gcs = gpu_containers(spec, fractional)
     compiled = policy.compiled
@@ -592,6 +599,35 @@ def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str,
                                         f"request: {problem}", mode)
                               for path, problem in other.problems)
     return _finish(meta, violations, builder, gpu=False)
+
+
+def _ephemeral(pod: Mapping[str, Any], spec: Mapping[str, Any], facts: RequestFacts,
+               compiled: Compiled) -> Decision:
+    """``kubectl debug``: a ``pods/ephemeralcontainers`` UPDATE adding ephemeral containers to a
+    running pod. Only the GPU-access guard applies, to the containers not in the old pod
+    (``facts.existing_ephemeral``; the others are immutable, the API server refuses any change
+    to them): they cannot request a GPU, so a CUDA image gets ``void`` and an explicit
+    ``NVIDIA_VISIBLE_DEVICES`` granting GPUs is refused. The patch touches only their ``env``:
+    the subresource keeps nothing else of the update (``dropNonEphemeralContainerUpdates`` in
+    kubernetes ``pkg/registry/core/pod/strategy.go``), so no ``gpu-admission.io/mutated``
+    annotation is written."""
+    exempt = _exemption(facts, compiled)
+    if exempt:
+        return Decision(allowed=True, exempt=exempt)
+    builder = PatchBuilder(pod) if facts.stage == "mutate" else None
+    violations: list[Violation] = []
+    guard(spec, frozenset(), compiled.modes, builder, violations, kinds=(EPHEMERAL_KIND,),
+          existing=facts.existing_ephemeral, volumes=False)
+    found = tuple(violations)
+    allowed = not any(v.mode is Mode.ENFORCE for v in found)
+    warnings = tuple(dict.fromkeys(short_warning(v) for v in found if v.mode is Mode.WARN))
+    patch: tuple[dict[str, Any], ...] = ()
+    changes: tuple[str, ...] = ()
+    if allowed and builder is not None and not builder.empty:
+        ops = builder.ops()
+        patch, changes = tuple(ops), tuple(changed_fields(ops))
+    return Decision(allowed=allowed, patch=patch, violations=found, warnings=warnings,
+                    changes=changes)
 
 
 def _finish(meta: Mapping[str, Any], found: list[Violation], builder: PatchBuilder | None,

@@ -42,6 +42,7 @@ from gpu_admission.engine import evaluate as evaluate_pod
 from gpu_admission.manifests import InputError, read_documents
 from gpu_admission.patch import apply_ops
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
+from gpu_admission.rules.gpu_access import EPHEMERAL_SUBRESOURCE
 from gpu_admission.workloads import (
     PodTemplate,
     WorkloadError,
@@ -112,6 +113,20 @@ def _text(result: dict[str, Any], label: str) -> str:
     return "\n".join(lines)
 
 
+def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
+    """``kubectl debug``: an UPDATE of pods/ephemeralcontainers adding the last ephemeral
+    container; the ones before it are the pod's existing (immutable) ones."""
+    spec = pod.get("spec")
+    items = spec.get("ephemeralContainers") if isinstance(spec, dict) else None
+    names = [c.get("name") for c in items if isinstance(c, dict)] if isinstance(items, list) \
+        else []
+    if not names:
+        raise InputError(f"--debug-container: pod {pod['metadata'].get('name', '')!r} has no "
+                         "spec.ephemeralContainers (the container kubectl debug adds)")
+    return {"operation": "UPDATE", "sub_resource": EPHEMERAL_SUBRESOURCE,
+            "existing_ephemeral": frozenset(n for n in names[:-1] if isinstance(n, str))}
+
+
 @click.command(name="evaluate")
 @click.option("-f", "--filename", "filenames", multiple=True, required=True,
               metavar="FILE", help="YAML/JSON file (multi-document ok); '-' reads stdin.")
@@ -133,9 +148,12 @@ def _text(result: dict[str, Any], label: str) -> str:
 @click.option("--compiled", is_flag=True,
               help="Decide with the compiled admission policies (`gpu-admission compile`), "
                    "evaluated with cel-python, instead of the engine (docs/compile.md).")
+@click.option("--debug-container", "ephemeral", is_flag=True,
+              help="Simulate `kubectl debug`: each Pod is the UPDATE of pods/ephemeralcontainers "
+                   "that adds its last ephemeral container (docs/guard.md).")
 def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace: str | None,
              user: str, groups: tuple[str, ...], operation: str, stage: str,
-             output: str, cluster: str | None, compiled: bool) -> None:
+             output: str, cluster: str | None, compiled: bool, ephemeral: bool) -> None:
     """Evaluate Pods and workloads' pod templates offline against the GPU sharing policy.
 
     Exit code 0 when everything is allowed, 1 when anything is denied, 2 for unusable input.
@@ -192,6 +210,10 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
                            f"(no pod template{': ' + why if why else ''})", err=True)
     if not jobs:
         raise InputError("no Pod or workload with a pod template in the input")
+    if ephemeral:  # every pod must name the container it adds, before anything is printed
+        for _, _, _, templates in jobs:
+            for tpl in templates:
+                _debug_facts(tpl.pod)
 
     denied = False
     yaml_docs: list[dict[str, Any]] = []
@@ -199,10 +221,13 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
         mutated = doc
         results = []
         for tpl in templates:
-            facts = RequestFacts(namespace=tpl.pod["metadata"]["namespace"], operation=operation,
-                                 user=user, groups=tuple(groups),
+            request: dict[str, Any] = {"operation": operation}
+            if ephemeral:
+                request = _debug_facts(tpl.pod)
+            facts = RequestFacts(namespace=tpl.pod["metadata"]["namespace"], user=user,
+                                 groups=tuple(groups),
                                  stage="validate" if stage == "validate" else "mutate",
-                                 uid=offline_uid(name, index, tpl.pointer))
+                                 uid=offline_uid(name, index, tpl.pointer), **request)
             if compiled_policy is not None and not dra.is_claim(tpl):
                 decision = compiled_policy.decide(tpl.pod, facts, dra.snapshot_for(tpl))
             else:

@@ -325,7 +325,8 @@ def changed_fields(ops: Sequence[Op]) -> list[str]:
     fields: dict[str, None] = {}
     for op in ops:
         parts = op["path"].split("/")[1:]
-        if parts[0] == "spec" and len(parts) >= 4 and parts[1] in ("containers", "initContainers"):
+        if parts[0] == "spec" and len(parts) >= 4 and parts[1] in ("containers", "initContainers",
+                                                                 "ephemeralContainers"):
             fields[f"spec.{parts[1]}[{parts[2]}].{parts[3]}"] = None
         elif parts[0] == "metadata":
             fields["metadata.annotations"] = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +28,41 @@ HELM_LABELS = frozenset({"app.kubernetes.io/instance", "app.kubernetes.io/manage
 HELM_ANNOTATION_PREFIXES = ("helm.sh/", "meta.helm.sh/")
 
 
+#: What a 1.36+ API server adds to Helm's capabilities (``helm install`` asks the cluster;
+#: ``helm template --api-versions``): the compiled guard is rendered (docs/compile.md).
+MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+API_1_36 = (MAP_API, "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+
+
 def render_files(values: dict[str, Any] | None = None, *, name: str = RELEASE,
-                 namespace: str = NAMESPACE) -> dict[str, str]:
+                 namespace: str = NAMESPACE,
+                 api_versions: tuple[str, ...] = API_1_36) -> dict[str, str]:
     """Template path -> rendered text, as ``helm template`` / ``helm install`` render it
-    (the chart's values.schema.json is applied; a schema violation raises HelmValuesError)."""
+    (the chart's values.schema.json is applied; a schema violation raises HelmValuesError).
+    ``api_versions``: ``helm template --api-versions`` (default: a 1.36+ API server; ``()``:
+    Helm's built-in set, which has no MutatingAdmissionPolicy)."""
     with helm.Chart.load(CHART) as chart:
-        return chart.render(values, name=name, namespace=namespace, is_install=True)
+        if not api_versions:
+            return chart.render(values, name=name, namespace=namespace, is_install=True)
+        # helm-python-sdk's render() does not expose --api-versions; its native call takes it
+        # (helm-c-sdk wrapper options: "api_versions").
+        from helm_python import _native  # noqa: PLC0415
+        from helm_python.chart import _dumps  # noqa: PLC0415
+
+        options = {"name": name, "namespace": namespace, "is_install": True,
+                   "api_versions": list(api_versions)}
+        rendered: dict[str, str] = json.loads(_native.call_string(
+            "helm_render", chart._raw(), _dumps(values), json.dumps(options)))
+        return rendered
 
 
 def render_chart(values: dict[str, Any] | None = None, *, name: str = RELEASE,
-                 namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+                 namespace: str = NAMESPACE,
+                 api_versions: tuple[str, ...] = API_1_36) -> list[dict[str, Any]]:
     """The Kubernetes objects the chart installs (NOTES.txt excluded), in template order."""
     docs: list[dict[str, Any]] = []
-    for path, text in sorted(render_files(values, name=name, namespace=namespace).items()):
+    for path, text in sorted(render_files(values, name=name, namespace=namespace,
+                                          api_versions=api_versions).items()):
         if path.endswith("NOTES.txt"):
             continue
         docs.extend(d for d in yaml.safe_load_all(text) if d)

@@ -63,6 +63,13 @@ COLLECTIONS: dict[str, Collection] = {
     "/apis/resource.k8s.io/v1/resourceclaims": Collection(
         "resourceclaims", "ResourceClaimList", "resource.k8s.io/v1", "ResourceClaim", True),
     "/api/v1/pods": Collection("pods", "PodList", "v1", "Pod", True),
+    # compiled admission policies (gpu-admission compile --guard --check)
+    "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies": Collection(
+        "mutatingadmissionpolicies", "MutatingAdmissionPolicyList",
+        "admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy", False),
+    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies": Collection(
+        "validatingadmissionpolicies", "ValidatingAdmissionPolicyList",
+        "admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", False),
     "/api/v1/configmaps": Collection("configmaps", "ConfigMapList", "v1", "ConfigMap", True),
     "/api/v1/nodes": Collection("nodes", "NodeList", "v1", "Node", False),
     "/apis/coordination.k8s.io/v1/leases": Collection(

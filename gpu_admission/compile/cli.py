@@ -10,6 +10,7 @@ docs/compile.md has the whole story.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import click
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 
 from .compiler import CompileFailure, compile_policy, webhook_policy
+from .guard import DIGEST_ANNOTATION, compile_guard, guard_digest, render_guard
 from .render import dump, render
 from .units import WebhookOnly
 
@@ -54,6 +56,9 @@ def webhook_objects(policy: Policy, stays: dict[str, WebhookOnly]) -> list[dict[
                                         "operations": operations, "resources": ["pods"],
                                         "scope": "Namespaced"},
                            reinvoke=kind.startswith("Mutating"))
+        webhook["rules"].append({"apiGroups": [""], "apiVersions": ["v1"],
+                                 "operations": ["UPDATE"],
+                                 "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"})
         if conditions:
             webhook["matchConditions"] = conditions
         webhooks = [webhook]
@@ -77,6 +82,72 @@ def webhook_objects(policy: Policy, stays: dict[str, WebhookOnly]) -> list[dict[
 
 
 CLAIMS_HOOK = "validate-claims.gpu-admission.io"
+
+
+_POLICY_PATHS = {"MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+                 "ValidatingAdmissionPolicy": "validatingadmissionpolicies"}
+
+
+def _check_guard(policy: Policy, kubeconfig: Path | None, context: str | None) -> int:
+    """Drift between ``policy`` and the guard half installed in the cluster: every guard policy
+    present, with this policy's guard digest (an apply or ``helm upgrade`` from another policy
+    leaves another digest). Lists through the real ``kubernetes`` client."""
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415 - I/O, CLI only
+    from urllib3.exceptions import HTTPError  # noqa: PLC0415
+
+    from gpu_admission.install_certs import InstallError, api_client  # noqa: PLC0415
+
+    want = {(o["kind"], o["metadata"]["name"]) for o in compile_guard(policy).objects
+            if o["kind"] in _POLICY_PATHS}
+    digest = guard_digest(policy)
+    try:
+        client = api_client(kubeconfig, context)
+    except InstallError as exc:
+        raise InputError(str(exc)) from None
+    found: dict[tuple[str, str], str] = {}
+    with client:
+        for kind, plural in _POLICY_PATHS.items():
+            path = f"/apis/admissionregistration.k8s.io/v1/{plural}"
+            try:
+                request = client.param_serialize(
+                    method="GET", resource_path=path, auth_settings=["BearerToken"],
+                    header_params={"Accept": "application/json"})
+                response = client.call_api(*request, _request_timeout=30)
+                response.read()  # type: ignore[no-untyped-call]
+                if not 200 <= response.status < 300:
+                    raise InputError(f"GET {path}: HTTP {response.status}")
+                body = json.loads(response.data or b"{}")
+            except (ApiException, HTTPError, OSError, ValueError) as exc:
+                reason = getattr(exc, "status", None) or exc
+                raise InputError(f"GET {path}: {reason}") from None
+            for item in (body or {}).get("items") or []:
+                meta = item.get("metadata") or {}
+                found[(kind, str(meta.get("name")))] = str(
+                    (meta.get("annotations") or {}).get(DIGEST_ANNOTATION, ""))
+    drift = 0
+    for kind, name in sorted(want):
+        live = found.get((kind, name))
+        if live is None:
+            click.echo(f"{kind} {name}: missing (the guard is not in the API server: apply "
+                       "`gpu-admission compile --guard` or the webhook fallback)")
+            drift += 1
+        elif live != digest:
+            click.echo(f"{kind} {name}: guard digest {live or '(none)'}, the policy's is "
+                       f"{digest}: compile and apply again")
+            drift += 1
+        else:
+            click.echo(f"{kind} {name}: in step ({digest})")
+    return 1 if drift else 0
+
+
+def _write(output: str, text: str) -> None:
+    if output == "-":
+        click.echo(text, nl=False)
+        return
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from None
 
 
 def _webhook(name: str, path: str, rule: dict[str, Any], *, reinvoke: bool) -> dict[str, Any]:
@@ -107,13 +178,36 @@ def _webhook(name: str, path: str, rule: dict[str, Any], *, reinvoke: bool) -> d
 @click.option("--partial", is_flag=True,
               help="Compile what CEL can express; keep the other rules with the webhook "
                    "(also writes its scoped configuration).")
-def compile_command(*, policy_path: Path | None, output: str, partial: bool) -> None:
+@click.option("--guard", "guard", is_flag=True,
+              help="Only the guard half: the GPU-access guard for pods without a GPU or DRA "
+                   "resource, as the default install runs it next to the webhook "
+                   "(webhook-manifests/base/guard-policies.yaml).")
+@click.option("--helm-template", is_flag=True, hidden=True,
+              help="With --guard: the chart's template (charts/gpu-admission/files/).")
+@click.option("--check", is_flag=True,
+              help="With --guard: compare the guard objects installed in the cluster with "
+                   "this policy's (names and gpu-admission.io/guard-digest); exit 1 on drift.")
+@click.option("--kubeconfig", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="With --check: kubeconfig (default: in-cluster, then $KUBECONFIG).")
+@click.option("--context", default=None, help="With --check: kubeconfig context.")
+def compile_command(*, policy_path: Path | None, output: str, partial: bool, guard: bool,
+                    helm_template: bool, check: bool, kubeconfig: Path | None,
+                    context: str | None) -> None:
     """Compile the policy into MutatingAdmissionPolicy + ValidatingAdmissionPolicies
     (Kubernetes >= 1.36): the same decisions, made inside the API server."""
     try:
         policy = load_policy(policy_path) if policy_path else default_policy()
     except PolicyError as exc:
         raise InputError(f"policy: {exc}") from None
+    if helm_template and not guard:
+        raise click.UsageError("--helm-template needs --guard")
+    if check and not guard:
+        raise click.UsageError("--check needs --guard")
+    if check:
+        sys.exit(_check_guard(policy, kubeconfig, context))
+    if guard:
+        _write(output, render_guard(policy, helm=helm_template))
+        sys.exit(0)
     try:
         result = compile_policy(policy, partial=partial)
     except CompileFailure as exc:
@@ -128,14 +222,7 @@ def compile_command(*, policy_path: Path | None, output: str, partial: bool) -> 
                      "The webhook's mutate stage, only for the pods the remaining rules concern.",
                      "The webhook's validate stage, only for the pods the remaining rules "
                      "concern."]
-    text = render(policy, objects, comments, result.stays)
-    if output == "-":
-        click.echo(text, nl=False)
-    else:
-        try:
-            Path(output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from None
+    _write(output, render(policy, objects, comments, result.stays))
     if result.stays:
         click.echo("rules that stay with the webhook:", err=True)
         for rule, stay in result.stays.items():

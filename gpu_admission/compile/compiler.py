@@ -57,6 +57,7 @@ ACTIONS = {Mode.ENFORCE: ["Deny"], Mode.WARN: ["Warn"], Mode.AUDIT: ["Audit"]}
 #: Warning slots of the warn policy; further warnings are joined into the last one.
 WARN_SLOTS = 16
 ALWAYS_EXCLUDED = ("kube-system", "gpu-admission")
+EPHEMERAL_RESOURCE = "pods/ephemeralcontainers"
 LABELS = {"app.kubernetes.io/name": "gpu-admission",
           "app.kubernetes.io/component": "compiled-policy"}
 
@@ -113,8 +114,12 @@ def _metadata(name: str, policy: Policy) -> dict[str, Any]:
 def _match_constraints(policy: Policy, operations: list[str]) -> dict[str, Any]:
     excluded = sorted(set(ALWAYS_EXCLUDED) | set(policy.spec.exemptions.namespaces))
     return {
+        # kubectl debug adds containers through pods/ephemeralcontainers (UPDATE): the only
+        # way a container enters an existing pod (docs/guard.md).
         "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
-                           "resources": ["pods"], "scope": "Namespaced"}],
+                           "resources": ["pods"], "scope": "Namespaced"},
+                          {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                           "resources": [EPHEMERAL_RESOURCE], "scope": "Namespaced"}],
         "matchPolicy": "Equivalent",
         "namespaceSelector": {"matchExpressions": [
             {"key": NAMESPACE_OPT_IN_LABEL, "operator": "In", "values": ["true"]},
@@ -138,7 +143,7 @@ def match_conditions(policy: Policy) -> list[dict[str, str]]:
     return out
 
 
-def _short_warning(v: str) -> str:
+def short_warning_cel(v: str) -> str:
     """engine.short_warning: ``<rule>: <message>``, whitespace runs collapsed, <= 120 chars."""
     text = f'({v}.rule + ": " + {v}.message).split(" ").filter(s, s != "").join(" ")'
     cut = MAX_WARNING - 3
@@ -172,6 +177,7 @@ def build_program(policy: Policy, *, partial: bool
             continue
         prog.variables = attempt.variables
         prog.violations += attempt.violations
+        prog.violation_ids += [unit.ids] * len(attempt.violations)
         prog.ops += attempt.ops
         prog.env_ops += attempt.env_ops
         prog.kinds += attempt.kinds
@@ -179,7 +185,9 @@ def build_program(policy: Policy, *, partial: bool
         raise CompileFailure(stays)
     names = {v.name for v in prog.variables}
     for name, default in (("protect", "false"), ("driverOn", "false"), ("schedulerOp", "false"),
-                          ("nodeSelectorOp", "false"), ("cudaOk", "false")):
+                          ("nodeSelectorOp", "false"), ("cudaOk", "false"),
+                          ("ephemeral", 'request.subResource == "ephemeralcontainers"'),
+                          ("guardViolations", "[]"), ("guardOps", "[]")):
         if name not in names:
             prog.add(name, default, "rule compiled out (stays with the webhook)")
     _finish(policy, prog, stays)
@@ -188,13 +196,28 @@ def build_program(policy: Policy, *, partial: bool
 
 def _finish(policy: Policy, prog: Program, stays: dict[str, WebhookOnly]) -> None:
     modes = {rule: mode for rule, mode in policy.compiled.modes.items() if rule not in stays}
-    prog.add("violations", concat(prog.violations),
-             "every violation {rule, path, message}, in the engine's rule order")
+    prog.add("violations", f"{var('ephemeral')} ? {var('guardViolations')}\n"
+                           f"  : {concat(prog.violations)}",
+             "every violation {rule, path, message}, in the engine's rule order (only the "
+             "guard's for an ephemeral-container UPDATE)")
     for mode, name in ((Mode.ENFORCE, "denials"), (Mode.WARN, "warns"), (Mode.AUDIT, "audits")):
         ids = sorted(r for r, m in modes.items() if m is mode)
-        prog.add(name, f"{var('violations')}.filter(v, v.rule in {lit(ids)})",
-                 f"violations of the rules in {mode} mode")
-    prog.add("warnings", f"{var('warns')}.map(v, {_short_warning('v')}).distinct()",
+        # Only the units with a rule in this mode, so the policy of one mode does not evaluate
+        # the others' rules (a unit with rules in several modes is filtered); the same list,
+        # in the same order, as violations.filter(v, v.rule in ids).
+        parts = []
+        for expr, unit_ids in zip(prog.violations, prog.violation_ids, strict=True):
+            mine = [r for r in unit_ids if modes.get(r) is mode]
+            if not mine:
+                continue
+            if len(mine) == len([r for r in unit_ids if r in modes]):
+                parts.append(expr)
+            else:
+                parts.append(f"({expr}).filter(v, v.rule in {lit(sorted(mine))})")
+        prog.add(name, f"{var('ephemeral')} ? {var('guardViolations')}.filter(v, v.rule in "
+                       f"{lit(ids)})\n  : {concat(parts)}",
+                 f"violations of the rules in {mode} mode (only those rules are evaluated)")
+    prog.add("warnings", f"{var('warns')}.map(v, {short_warning_cel('v')}).distinct()",
              "engine.short_warning per warn-mode violation, duplicates dropped")
     target = policy.spec.scheduler_name
     set_scheduler = rec(op=lit("add"), path=lit("/spec/schedulerName"), value=lit(target or ""))
@@ -230,18 +253,23 @@ def _finish(policy: Policy, prog: Program, stays: dict[str, WebhookOnly]) -> Non
     add_key = rec(op=lit("add"), path=lit("/metadata/annotations/" + escape(MUTATED_ANNOTATION)),
                   value=var("mutatedValue"))
     annotation = f"!has({ann}) ? [{add_map}]\n  : [{add_key}]"
-    prog.add("patch", f"size({var('ops')}) == 0 ? []\n"
+    prog.add("patch", f"{var('ephemeral')} ? ({var('denied')} ? [] : {var('guardOps')})\n"
+                      f"  : size({var('ops')}) == 0 ? []\n"
                       f"  : {var('mutatedValue')} != {var('mutatedBefore')} || "
                       f"!(has({ann}) && {key} in {ann}) ? {var('ops')} + ({annotation})\n"
                       f"  : {var('ops')}",
-             "the RFC 6902 operations, with the gpu-admission.io/mutated annotation")
+             "the RFC 6902 operations, with the gpu-admission.io/mutated annotation (an "
+             "ephemeral-container UPDATE: only the void upserts, the subresource keeps nothing "
+             "else)")
     mode_of = {rule: str(mode) for rule, mode in modes.items()}
+    prog.add("gpuPod", f"!{var('ephemeral')} && {var('isGpu')}",
+             "Decision.gpu: an ephemeral-container UPDATE meets only the guard")
     prog.add("auditRecord",
              rec(decision=f'{var("denied")} ? "denied" : "allowed"',
-                 workload=f'{var("isGpu")} ? {var("workload")} : ""',
-                 **{"workload-reason": f'{var("isGpu")} ? {var("workloadReason")} : ""',
-                    "cuda-version": f'{var("isGpu")} ? {var("cudaVersion")} : ""',
-                    "cuda-source": f'{var("isGpu")} && {var("cudaVersion")} != "" ? '
+                 workload=f'{var("gpuPod")} ? {var("workload")} : ""',
+                 **{"workload-reason": f'{var("gpuPod")} ? {var("workloadReason")} : ""',
+                    "cuda-version": f'{var("gpuPod")} ? {var("cudaVersion")} : ""',
+                    "cuda-source": f'{var("gpuPod")} && {var("cudaVersion")} != "" ? '
                                    f'{var("cudaSource")} : ""',
                     "violations": f'{var("violations")}.map(v, v.rule + "=" + '
                                   f'{lit(mode_of)}[v.rule]).join(",")',
@@ -253,7 +281,7 @@ def _finish(policy: Policy, prog: Program, stays: dict[str, WebhookOnly]) -> Non
 _VAR_REF = re.compile(r"variables\.([A-Za-z_][A-Za-z0-9_]*)")
 
 
-def _needed(variables: list[Var], expressions: Iterable[str]) -> list[dict[str, str]]:
+def needed_variables(variables: list[Var], expressions: Iterable[str]) -> list[dict[str, str]]:
     """The variables (in definition order) that ``expressions`` use, transitively."""
     by_name = {v.name: v for v in variables}
     need: set[str] = set()
@@ -286,10 +314,15 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
     """The admission policies and bindings for ``policy``; raises CompileFailure naming the
     rules CEL cannot express unless ``partial``."""
     prog, stays = build_program(policy, partial=partial)
+    from .guard import compile_guard, gpu_or_dra_pod  # noqa: PLC0415 - guard imports us
+
     conditions = match_conditions(policy)
     for index, pods in enumerate(dict.fromkeys(s.pods for s in stays.values() if s.pods)):
         conditions.append({"name": f"not-for-the-webhook-{index + 1}",
                            "expression": f"!({pods})"})
+    # The GPU rules never run for a CPU pod: these policies see GPU pods only, the guard half
+    # (compile_guard, appended below) every other pod, split by one predicate.
+    conditions.append({"name": "gpu-or-dra-pod", "expression": gpu_or_dra_pod()})
     objects: list[dict[str, Any]] = []
     comments: list[str] = []
     mutate_expr = (f"{var('patch')}.map(o, "
@@ -303,7 +336,7 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": _match_constraints(policy, ["CREATE"]),
             **({"matchConditions": conditions} if conditions else {}),
-            "variables": _needed(prog.variables, [mutate_expr]),
+            "variables": needed_variables(prog.variables, [mutate_expr]),
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": mutate_expr}}],
         }})
     comments.append("The webhook's mutate stage (Pod CREATE): scheduler name, CUDA routing, "
@@ -358,7 +391,7 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
             "failurePolicy": "Fail" if mode is Mode.ENFORCE else "Ignore",
             "matchConstraints": _match_constraints(policy, ["CREATE", "UPDATE"]),
             **({"matchConditions": conditions} if conditions else {}),
-            "variables": _needed(prog.variables, exprs),
+            "variables": needed_variables(prog.variables, exprs),
         }
         if validations:
             spec["validations"] = validations
@@ -377,7 +410,9 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
         }[mode])
         objects.append(_binding("ValidatingAdmissionPolicy", name, policy, ACTIONS[mode]))
         comments.append(f"Binds {name} with validationActions {ACTIONS[mode]}.")
-    return Compiled(objects=objects, comments=comments, stays=stays)
+    guard = compile_guard(policy)
+    return Compiled(objects=objects + guard.objects, comments=comments + guard.comments,
+                    stays=stays)
 
 
 def webhook_policy(policy: Policy, stays: dict[str, WebhookOnly]) -> dict[str, Any]:

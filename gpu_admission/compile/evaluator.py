@@ -272,16 +272,38 @@ def activation_of(pod: Any, facts: RequestFacts, namespace_labels: Mapping[str, 
     request = {"operation": facts.operation, "namespace": facts.namespace,
                "kind": {"group": "", "version": "v1", "kind": "Pod"},
                "resource": {"group": "", "version": "v1", "resource": "pods"},
+               "subResource": facts.sub_resource,
                "name": (pod.get("metadata") or {}).get("name", "") if isinstance(pod, dict)
                else "", "dryRun": facts.dry_run,
                "userInfo": {"username": facts.user, "groups": list(facts.groups)}}
     namespace = {"metadata": {"name": facts.namespace, "labels": dict(namespace_labels)}}
     activation: dict[str, Any] = dict(cast(Mapping[str, Any], celpy.adapter.json_to_cel(
-        {"object": pod, "oldObject": pod if facts.operation == "UPDATE" else None,
+        {"object": pod, "oldObject": _old_object(pod, facts),
          "request": request, "namespaceObject": namespace})))
     activation["lists"] = _Lists({})
     activation["JSONPatch"] = JSONPatch
     return activation
+
+
+def _old_object(pod: Any, facts: RequestFacts) -> Any:
+    """``oldObject``: the pod itself on UPDATE, and for an ephemeral-container UPDATE the pod
+    with only the ephemeral containers it already had (``facts.existing_ephemeral``)."""
+    if facts.operation != "UPDATE":
+        return None
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    if facts.sub_resource != "ephemeralcontainers" or not isinstance(spec, dict):
+        return pod
+    items = spec.get("ephemeralContainers")
+    kept = [c for c in items if isinstance(c, dict) and c.get("name") in facts.existing_ephemeral
+            ] if isinstance(items, list) else []
+    old_spec = {k: v for k, v in spec.items() if k != "ephemeralContainers"}
+    if kept:
+        old_spec["ephemeralContainers"] = kept
+    return {**pod, "spec": old_spec}
+
+
+def _resource(facts: RequestFacts) -> str:
+    return "pods/" + facts.sub_resource if facts.sub_resource else "pods"
 
 
 class Variables(ct.MapType):
@@ -322,11 +344,13 @@ def _variables(spec: Mapping[str, Any], activation: dict[str, Any],
 
 
 def _in_scope(spec: Mapping[str, Any], activation: dict[str, Any], operation: str,
-              namespace_labels: Mapping[str, str]) -> tuple[bool, str]:
-    """(matched, why not): matchConstraints, then matchConditions."""
+              namespace_labels: Mapping[str, str], resource: str = "pods") -> tuple[bool, str]:
+    """(matched, why not): matchConstraints (operation and resource, ``pods`` or
+    ``pods/<subresource>``), then matchConditions."""
     constraints = spec.get("matchConstraints") or {}
     rules = constraints.get("resourceRules") or []
-    if not any(operation in r.get("operations", []) for r in rules):
+    if not any(operation in r.get("operations", []) and resource in r.get("resources", [])
+               for r in rules):
         return False, ""
     if not selector_matches(constraints.get("namespaceSelector") or {}, namespace_labels):
         return False, "namespace"
@@ -336,8 +360,18 @@ def _in_scope(spec: Mapping[str, Any], activation: dict[str, Any], operation: st
     return True, ""
 
 
+#: matchConditions that only save work (the guard half: no rule in this policy's mode, a pod
+#: already clean): a policy they skip has nothing to say, the request is not exempt.
+SHORTCUT_CONDITIONS = ("a-guard-rule-in-", "not-already-clean",
+                       # the split between the GPU policies and the guard half: the other
+                       # half decides the pod
+                       "gpu-or-dra-pod", "not-a-gpu-or-dra-pod")
+
+
 def _exemption(reason: str, facts: RequestFacts, objects: Sequence[Mapping[str, Any]]) -> str:
     """The engine's exemption text for a request the policies' scope left out."""
+    if reason.startswith(SHORTCUT_CONDITIONS):
+        return ""
     if reason == "namespace":
         return f"namespace {facts.namespace}"
     if reason == "not-exempt-user":
@@ -378,20 +412,22 @@ def admit(objects: Sequence[Mapping[str, Any]], pod: dict[str, Any], facts: Requ
     if audit is not None:  # the engine's analysis, on the pod as received
         values = _variables(audit["spec"], activation, before)
         try:
-            facts_view = {k: to_json(values[k]) for k in ("isGpu", "auditRecord")}
+            facts_view = {k: to_json(values[k]) for k in ("gpuPod", "auditRecord")
+                          if k in values}
         except CelError:
             if not ignores_errors(audit):
                 raise
-    gpu = bool(facts_view.get("isGpu", False))
+    gpu = bool(facts_view.get("gpuPod", False))
     record = facts_view.get("auditRecord", {})
     info: dict[str, Any] = {
         "gpu": gpu, "workload": record.get("workload") or None,
         "workload_reason": record.get("workload-reason", ""),
         "cuda_version": record.get("cuda-version") or None,
         "cuda_source": record.get("cuda-source", "")}
-    operations = {op for o in policies
-                  for r in o["spec"]["matchConstraints"]["resourceRules"] for op in r["operations"]}
-    if facts.operation not in operations:  # no policy matches the operation (DELETE, CONNECT)
+    operations = {(op, res) for o in policies
+                  for r in o["spec"]["matchConstraints"]["resourceRules"]
+                  for op in r["operations"] for res in r["resources"]}
+    if (facts.operation, _resource(facts)) not in operations:  # DELETE, CONNECT, pods/status
         return Outcome(Decision(allowed=True), pod)
     mutated = pod
     patch: list[dict[str, Any]] = []
@@ -399,9 +435,10 @@ def admit(objects: Sequence[Mapping[str, Any]], pod: dict[str, Any], facts: Requ
     for policy in policies:
         if policy["kind"] != "MutatingAdmissionPolicy" or facts.stage != "mutate":
             continue
-        matched, why = _in_scope(policy["spec"], activation, facts.operation, labels)
+        matched, why = _in_scope(policy["spec"], activation, facts.operation, labels,
+                                 _resource(facts))
         if not matched:
-            exempt = why and _exemption(why, facts, policies)
+            exempt = exempt or (why and _exemption(why, facts, policies))
             continue
         values = _variables(policy["spec"], activation, before)
         for mutation in policy["spec"]["mutations"]:
@@ -425,7 +462,8 @@ def admit(objects: Sequence[Mapping[str, Any]], pod: dict[str, Any], facts: Requ
         if policy["kind"] != "ValidatingAdmissionPolicy":
             continue
         name = policy["metadata"]["name"]
-        matched, why = _in_scope(policy["spec"], after, facts.operation, labels)
+        matched, why = _in_scope(policy["spec"], after, facts.operation, labels,
+                                 _resource(facts))
         if not matched:
             exempt = exempt or (why and _exemption(why, facts, policies))
             continue
@@ -476,7 +514,7 @@ def admit(objects: Sequence[Mapping[str, Any]], pod: dict[str, Any], facts: Requ
             continue
         pools[found].remove(item)
         violations.append(Violation(item["rule"], item["path"], item["message"], found))
-    if exempt and (gpu or facts.operation == "CREATE"):
+    if exempt and (gpu or facts.operation == "CREATE" or facts.sub_resource):
         return Outcome(Decision(allowed=True, exempt=exempt, **(info if gpu else {})), pod)
     decision = Decision(
         allowed=allowed, patch=tuple(patch) if allowed else (), violations=tuple(violations),

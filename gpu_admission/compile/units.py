@@ -104,6 +104,9 @@ class Program:
 
     variables: list[Var] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)  # CEL lists, engine rule order
+    # the rule ids each entry of ``violations`` may report (its unit's ids), so each policy
+    # can evaluate only the rules of its own mode
+    violation_ids: list[tuple[str, ...]] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)  # CEL op lists, PatchBuilder.ops() order
     env_ops: list[str] = field(default_factory=list)  # env upserts (memory, then the guard)
     kinds: list[tuple[str, str]] = field(default_factory=list)  # (CEL bool, annotation kind)
@@ -833,33 +836,63 @@ class GuardUnit:
     ids: tuple[str, ...] = (gpu_access.ISOLATION, gpu_access.VISIBLE_DEVICES,
                             gpu_access.DEVICE_HOSTPATH)
 
+    def __init__(self, *, gpu: bool = True, modes: str | None = None) -> None:
+        """``gpu``: the pod may have GPU containers (the full compile; the guard half of
+        :mod:`gpu_admission.compile.guard` sees only pods without any). ``modes``: a CEL map
+        rule id -> mode to read the modes from at run time (the guard half, whose modes the
+        Helm chart fills in), instead of baking the policy's modes into the expressions."""
+        self.gpu = gpu
+        self.modes = modes
+
     def emit(self, policy: Policy, prog: Program) -> None:
         modes = policy.compiled.modes
         env_name = lit(gpu_access.ENV)
         records = []
         for kind in ("containers", "initContainers"):
-            lst = var(kind)
+            lst = var(kind) if self.gpu else f"object.spec.{kind}"
+            if not self.gpu:  # no analysis variables in the guard half
+                records.append(f"(has({lst}) ? lists.range(size({lst})).map(i, "
+                               f"{rec(kind=lit(kind), index='i', c=f'{lst}[i]')}) : [])")
+                continue
             records.append(f"lists.range(size({lst})).map(i, "
                            f"{rec(kind=lit(kind), index='i', c=f'{lst}[i]')})")
+        # kubectl debug: a pods/ephemeralcontainers UPDATE (the whole Pod) adds ephemeral
+        # containers; the ones the old pod had are immutable and not judged (engine._ephemeral).
+        eph_kind = gpu_access.EPHEMERAL_KIND
+        eph = f"object.spec.{eph_kind}"
+        old_names = (f"(has(oldObject.spec.{eph_kind}) ? oldObject.spec.{eph_kind}"
+                     ".map(c, c.name) : [])")
+        added = (f"(has({eph}) ? lists.range(size({eph})).filter(i, !({eph}[i].name in "
+                 f"{old_names})).map(i, {rec(kind=lit(eph_kind), index='i', c=f'{eph}[i]')}) "
+                 ": [])")
         env = "env"  # bound below to the container's env list ([] when absent)
         found = f"env.map(e, e.name).lastIndexOf({env_name})"
         last = "at"  # bound below: the index of the last NVIDIA_VISIBLE_DEVICES entry, or -1
         entry = f"{env}[at]"
         keys = f'{var("gpu")}.map(g, g.kind + "/" + string(g.index))'
-        state = (f'(a.kind + "/" + string(a.index)) in {keys} ? ({last} >= 0 ? "gpu-set" : "ok")\n'
-                 f'  : {last} < 0 ? "isolate"\n'
+        gpu_state = (f'a.kind != {lit(eph_kind)} && (a.kind + "/" + string(a.index)) in {keys} '
+                     f'? ({last} >= 0 ? "gpu-set" : "ok")\n  : ') if self.gpu else ""
+        state = (f'{gpu_state}{last} < 0 ? "isolate"\n'
                  f'  : has({entry}.valueFrom) ? "valueFrom"\n'
                  f'  : !(has({entry}.value) && {entry}.value.trim() != "") ? "isolate"\n'
                  f'  : {entry}.value in {lit(sorted(gpu_access.NO_DEVICE_VALUES))} ? "ok" : "set"')
         current = f'{last} >= 0 && has({entry}.value) ? {entry}.value : ""'
         guard_record = rec(kind="a.kind", index="a.index", at=last, state=state,
                            has_env="has(a.c.env)", value=current)
+        prog.add("ephemeral", f'request.subResource == {lit(gpu_access.EPHEMERAL_SUBRESOURCE)}',
+                 "kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the "
+                 "ephemeral containers it adds")
         prog.add("guardContainers",
-                 f'request.operation == "CREATE" ? ({concat(records)}).map(a, '
+                 f'{var("ephemeral")} ? {added}\n'
+                 f'  : request.operation == "CREATE" ? {concat(records)} : []',
+                 "the containers the guard judges: every container and init container on "
+                 "CREATE, the added ephemeral containers on a pods/ephemeralcontainers UPDATE")
+        prog.add("guardStates",
+                 f"{var('guardContainers')}.map(a, "
                  f"[has(a.c.env) ? a.c.env : []].map(env, [{found}].map(at, "
-                 f"{guard_record})[0])[0]) : []",
-                 "gpu_access.guard: every container's last NVIDIA_VISIBLE_DEVICES entry and "
-                 "what it means (ok | isolate | set | valueFrom | gpu-set)")
+                 f"{guard_record})[0])[0])",
+                 "gpu_access.guard: every judged container's last NVIDIA_VISIBLE_DEVICES entry "
+                 "and what it means (ok | isolate | set | valueFrom | gpu-set)")
         cpath = '"spec." + a.kind + "[" + string(a.index) + "]"'
         epath = cpath + ' + ".env[" + string(a.at) + "]"'
         gpu_set = (f"{gpu_access.ENV} is set in a container that requests a GPU; the device "
@@ -873,8 +906,12 @@ class GuardUnit:
         set_msg = f'{lit(gpu_access.ENV + "=")} + ({shown}) + {lit(tail)}'
         items = [f'a.state == "gpu-set" ? [{violation(visible, epath, lit(gpu_set))}]',
                  f'a.state in ["set", "valueFrom"] ? [{violation(visible, epath, set_msg)}]']
-        if modes[gpu_access.ISOLATION] is not Mode.ENFORCE:
-            isolate = violation(gpu_access.ISOLATION, cpath, lit(isolation))
+        isolate = violation(gpu_access.ISOLATION, cpath, lit(isolation))
+        mutates = (f"{self.modes}[{lit(gpu_access.ISOLATION)}] == {lit(str(Mode.ENFORCE))}"
+                   if self.modes else "")
+        if self.modes:
+            items.append(f'a.state == "isolate" && !({mutates}) ? [{isolate}]')
+        elif modes[gpu_access.ISOLATION] is not Mode.ENFORCE:
             items.append(f'a.state == "isolate" ? [{isolate}]')
         per_container = " : ".join(items) + " : []"
         device = "'^(?:" + gpu_access.DEVICE_PATH_PATTERN.replace("\\", "\\\\") + ")$'"
@@ -889,17 +926,23 @@ class GuardUnit:
                      f"&& {path}.matches({device}))"
                      f".map(i, {violation(gpu_access.DEVICE_HOSTPATH, vol_path, hostpath_msg)})"
                      " : []")
-        prog.violations.append(
-            f"{var('guardContainers')}.map(a, {per_container}).flatten()\n  + ({hostpaths})")
-        if modes[gpu_access.ISOLATION] is Mode.ENFORCE:
+        prog.violations.append(prog.add(
+            "guardViolations",
+            f"{var('guardStates')}.map(a, {per_container}).flatten()\n  + ({hostpaths})",
+            "the guard's violations (gpu-visible-devices, gpu-device-hostpath, and "
+            "gpu-access-isolation outside enforce)"))
+        if self.modes or modes[gpu_access.ISOLATION] is Mode.ENFORCE:
             value = srec(name=env_name, value=lit(gpu_access.VOID))
             base = '"/spec/" + a.kind + "/" + string(a.index) + "/env"'
             whole = rec(op=lit("add"), path=base, value=f"[{value}]")
             append = rec(op=lit("add"), path=f'{base} + "/-"', value=value)
             replace = rec(op=lit("replace"), path=f'{base} + "/" + string(a.at)', value=value)
-            prog.env_ops.append(
-                f'{var("guardContainers")}.filter(a, a.state == "isolate").map(a, '
-                f"!a.has_env ? {whole}\n  : a.at < 0 ? {append}\n  : {replace})")
+            prog.env_ops.append(prog.add(
+                "guardOps",
+                (f"!({mutates}) ? [] : " if self.modes else "")
+                + f'{var("guardStates")}.filter(a, a.state == "isolate").map(a, '
+                f"!a.has_env ? {whole}\n  : a.at < 0 ? {append}\n  : {replace})",
+                "the guard's NVIDIA_VISIBLE_DEVICES=void upserts"))
 
 
 def affinity_ops(policy: Policy, prog: Program) -> None:

@@ -13,7 +13,9 @@ list of indexes or UUIDs: those GPUs; an image with ``CUDA_VERSION`` and no vari
 same way.
 
 The rule, for a Pod CREATE in an opted-in namespace (exemptions apply first), for every
-container and init container (ephemeral containers cannot be set on CREATE). "GPU container" is
+container and init container (ephemeral containers cannot be set on CREATE), and for every
+ephemeral container a ``pods/ephemeralcontainers`` UPDATE adds (``kubectl debug``; they never
+have a GPU request). "GPU container" is
 one the engine counts as such (:func:`~gpu_admission.engine.gpu_containers`: a non-zero
 ``nvidia.com/gpu``, ``nvidia.com/gpu.shared`` or ``nvidia.com/mig-*`` request or limit; plus
 containers that get a GPU through DRA, docs/dra.md). The variable's value is that of its *last*
@@ -43,9 +45,10 @@ than Linux ``PATH_MAX`` (4096) cannot be mounted and are not matched.
 
 Modes: ``gpu-access-isolation`` in ``enforce`` *mutates* (at the mutate stage; the validate
 stage never asks for it, as with every mutation); in ``warn``/``audit`` nothing is changed and
-the container is reported instead. The two denial rules deny in ``enforce``. UPDATEs are not
-checked: a Pod's containers, env and volumes are immutable after creation, so an UPDATE cannot
-add GPU access, and re-judging pods created before the namespace opted in would block harmless
+the container is reported instead. The two denial rules deny in ``enforce``. Pod UPDATEs are
+not checked: a Pod's containers, env and volumes are immutable after creation, so an UPDATE of
+the Pod cannot add GPU access (only the ``ephemeralcontainers`` subresource adds containers),
+and re-judging pods created before the namespace opted in would block harmless
 updates such as finalizer removal.
 
 Not covered (documented in docs/guard.md): privileged containers (all devices; use Pod Security
@@ -108,13 +111,25 @@ def last_entry(env: Any) -> tuple[int, Mapping[str, Any]] | None:
     return at, env[at]
 
 
+#: Where containers are on Pod CREATE (ephemeral containers cannot be set on CREATE).
+POD_KINDS: Final = ("containers", "initContainers")
+#: ``kubectl debug`` adds ephemeral containers through the ``pods/ephemeralcontainers``
+#: subresource (an UPDATE carrying the whole Pod): the only way a container enters a running
+#: pod. They cannot have ``resources`` (so never a GPU request) and, once added, cannot change.
+EPHEMERAL_KIND: Final = "ephemeralContainers"
+EPHEMERAL_SUBRESOURCE: Final = "ephemeralcontainers"
+
+
 def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Mapping[str, Mode],
           patch: PatchBuilder | None, out: list[Violation], *,
-          others: AbstractSet[tuple[str, int]] = frozenset(),
+          kinds: tuple[str, ...] = POD_KINDS, existing: AbstractSet[str] = frozenset(),
+          volumes: bool = True, others: AbstractSet[tuple[str, int]] = frozenset(),
           fractional_configmap: str | None = None) -> None:
     """Apply the guard to one pod spec: append violations to ``out``, declare the ``void``
     upserts on ``patch`` (None: validate stage). ``gpu`` holds ``(kind, index)`` of the GPU
-    containers. The engine calls this for every Pod CREATE that is not exempt.
+    containers. The engine calls this for every Pod CREATE that is not exempt, and with
+    ``kinds=(EPHEMERAL_KIND,)``, ``existing`` (names already in the pod, left alone: they are
+    immutable) and ``volumes=False`` for a ``pods/ephemeralcontainers`` UPDATE.
 
     ``others``: GPU containers whose ``NVIDIA_VISIBLE_DEVICES`` a declared other sharing
     system writes (KAI), judged by rule ``other-sharing-system`` instead.
@@ -126,13 +141,17 @@ def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Map
     value or ``valueFrom`` (another ConfigMap or key, ``optional: true``, a Secret, a
     fieldRef) stays refused."""
     isolation = modes[ISOLATION]
-    for kind in ("containers", "initContainers"):
+    for kind in kinds:
         items = spec.get(kind)
         if items.__class__ is not list:
             continue
         for index, container in enumerate(items):
             if container.__class__ is not dict:
                 continue
+            if existing:
+                name = container.get("name")
+                if name.__class__ is str and name in existing:
+                    continue
             found = last_entry(container.get("env"))
             if (kind, index) in gpu:
                 if found is not None and (kind, index) not in others and not (
@@ -168,9 +187,9 @@ def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Map
                     ISOLATION, f"spec.{kind}[{index}]",
                     f"no GPU request and no {ENV}=void: a CUDA image (which sets {ENV}=all) "
                     "would see every GPU of the node", isolation))
-    volumes = spec.get("volumes")
-    if volumes.__class__ is list:
-        for index, volume in enumerate(volumes):
+    pod_volumes = spec.get("volumes") if volumes else None
+    if pod_volumes.__class__ is list:
+        for index, volume in enumerate(pod_volumes):
             host = volume.get("hostPath") if volume.__class__ is dict else None
             path = host.get("path") if isinstance(host, dict) else None
             if isinstance(path, str) and is_device_path(path):

@@ -318,13 +318,17 @@ def _decide(review: Review, state: ServerState,
     }
     claim = is_claim_kind(review.group, review.kind) and review.operation == "CREATE" and (
         review.obj is not None and not review.sub_resource)
-    if not claim and (not review.is_pod or review.operation not in ("CREATE", "UPDATE")):
+    # kubectl debug: the ephemeral containers it adds meet the GPU-access guard (docs/guard.md).
+    ephemeral = review.is_ephemeral and review.operation == "UPDATE"
+    if not claim and not ephemeral and (
+            not review.is_pod or review.operation not in ("CREATE", "UPDATE")):
         fields["decision"] = "skipped"  # not ours to judge: allowed untouched, no record
         fields["kind"] = review.kind
         return _review_response(encode_response(review.api_version, review.uid,
                                                 allowed=True)), fields
-    # UPDATE: pod specs are mostly immutable, so it is re-checked, never mutated.
-    effective: Stage = "validate" if review.operation == "UPDATE" else stage
+    # UPDATE: pod specs are mostly immutable, so it is re-checked, never mutated (except the
+    # ephemeral containers an ephemeralcontainers UPDATE adds).
+    effective: Stage = "validate" if review.operation == "UPDATE" and not ephemeral else stage
     facts = review.facts(effective)
     assert review.obj is not None  # parse_review guarantees a Pod on CREATE/UPDATE
     policy, digest = state.policy, state.policy_digest
@@ -361,8 +365,8 @@ def _decide(review: Review, state: ServerState,
 
 def _render(review: Review, decision: Decision, stage: Stage) -> tuple[bytes, bool]:
     """The reply bytes and whether a patch was sent."""
-    patch = decision.patch if (decision.allowed and stage == "mutate"
-                               and review.operation == "CREATE") else ()
+    patch = decision.patch if (decision.allowed and stage == "mutate" and (
+        review.operation == "CREATE" or review.is_ephemeral)) else ()
     status = None
     if not decision.allowed:
         message = decision.denial_message() or "denied by the gpu-admission policy"

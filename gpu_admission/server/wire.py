@@ -22,6 +22,7 @@ from typing import Any, Final
 import orjson
 
 from gpu_admission.decision import RequestFacts, Stage
+from gpu_admission.rules.gpu_access import EPHEMERAL_KIND, EPHEMERAL_SUBRESOURCE
 
 V1: Final = "admission.k8s.io/v1"
 V1BETA1: Final = "admission.k8s.io/v1beta1"
@@ -70,15 +71,29 @@ class Review:
         """A core/v1 Pod itself (not a subresource such as ``pods/status``)."""
         return self.kind == "Pod" and self.group == "" and not self.sub_resource
 
+    @property
+    def is_ephemeral(self) -> bool:
+        """``pods/ephemeralcontainers`` (``kubectl debug``): the whole Pod, ``kind: Pod``."""
+        return (self.kind == "Pod" and self.group == ""
+                and self.sub_resource == EPHEMERAL_SUBRESOURCE)
+
     def facts(self, stage: Stage) -> RequestFacts:
         namespace = self.namespace
         if not namespace and self.obj is not None:
             meta = self.obj.get("metadata")
             if isinstance(meta, dict) and isinstance(meta.get("namespace"), str):
                 namespace = meta["namespace"]
+        existing: frozenset[str] = frozenset()
+        if self.is_ephemeral and self.old is not None:
+            spec = self.old.get("spec")
+            items = spec.get(EPHEMERAL_KIND) if isinstance(spec, dict) else None
+            if isinstance(items, list):
+                existing = frozenset(c["name"] for c in items
+                                     if isinstance(c, dict) and isinstance(c.get("name"), str))
         return RequestFacts(namespace=namespace, operation=self.operation, user=self.user,
                             groups=self.groups, dry_run=self.dry_run, stage=stage,
-                            uid=self.uid)
+                            uid=self.uid, sub_resource=self.sub_resource,
+                            existing_ephemeral=existing)
 
 
 def _type_name(value: object) -> str:
@@ -289,7 +304,8 @@ def parse_review(body: bytes) -> Review:
         namespace=_opt_str(req, "namespace", "request"), name=_opt_str(req, "name", "request"),
         obj=obj, old=old, dry_run=bool(dry_run), user=user, groups=groups,
     )
-    if review.is_pod and operation in ("CREATE", "UPDATE"):
+    if (review.is_pod and operation in ("CREATE", "UPDATE")) or (
+            review.is_ephemeral and operation == "UPDATE"):
         if obj is None:
             raise WireError(f"request.object must be a Pod on {operation}, got null")
         check_pod(obj, "request.object")

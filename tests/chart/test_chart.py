@@ -333,7 +333,10 @@ def test_builtin_kinds_match_kubernetes_openapi_schema(case: str, version: str,
     for doc in rendered[case]:
         if doc["apiVersion"] not in BUILTIN_GROUPS:
             continue
-        error = openapi_error(json.dumps(doc, sort_keys=True), version)
+        # the compiled guard is rendered only for API servers serving MAP v1 (1.36+)
+        at = (max(version, "1.36.0", key=lambda v: tuple(map(int, v.split("."))))
+              if "AdmissionPolicy" in doc["kind"] else version)
+        error = openapi_error(json.dumps(doc, sort_keys=True), at)
         assert error is None, f"{case}: {doc['kind']}/{doc['metadata']['name']} invalid " \
             f"for {version}: {error}"
     others = {d["kind"] for d in rendered[case] if d["apiVersion"] not in BUILTIN_GROUPS}

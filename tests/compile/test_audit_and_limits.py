@@ -185,7 +185,11 @@ def test_only_enforce_fails_closed() -> None:
     policies = {o["metadata"]["name"]: o["spec"]["failurePolicy"]
                 for o in compiled("modes").objects if o["kind"].endswith("AdmissionPolicy")}
     assert policies == {"mutate.gpu-admission.io": "Fail", "enforce.gpu-admission.io": "Fail",
-                        "warn.gpu-admission.io": "Ignore", "audit.gpu-admission.io": "Ignore"}
+                        "warn.gpu-admission.io": "Ignore", "audit.gpu-admission.io": "Ignore",
+                        # the guard half (compile --guard)
+                        "guard.gpu-admission.io": "Fail", "guard-enforce.gpu-admission.io": "Fail",
+                        "guard-warn.gpu-admission.io": "Ignore",
+                        "guard-audit.gpu-admission.io": "Ignore"}
 
 
 @pytest.mark.parametrize(("policy_name", "denies"), [("warn.gpu-admission.io", False),

@@ -36,8 +36,9 @@ from cel_expr_python import cel
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, struct_pb2
 
 from gpu_admission.compile.cli import webhook_objects
+from gpu_admission.compile.guard import compile_guard
 from gpu_admission.policy.model import default_policy
-from tests.compile_support import compiled
+from tests.compile_support import POLICIES, compiled
 from tests.install.test_manifests import render
 
 
@@ -448,3 +449,23 @@ def test_webhook_match_conditions_type_check_as_bool(source: str) -> None:
                             BOOL_T)
     assert checker.checked >= len(hooks)
     assert not checker.failures, "\n\n".join(checker.failures)
+
+
+@pytest.mark.parametrize("policy", ["default", "modes"])
+def test_the_guard_half_type_checks_in_cel_cpp(policy: str) -> None:
+    """``compile --guard`` (webhook-manifests/base/guard-policies.yaml, the chart's template)
+    and the fallback webhook configurations (components/webhook-guard-fallback)."""
+    checker = Checker()
+    for obj in compile_guard(POLICIES[policy]()).objects:
+        if obj["kind"] in ("MutatingAdmissionPolicy", "ValidatingAdmissionPolicy"):
+            checker.policy(obj)
+    plain = checker.env({}, mutation=False)
+    for target in ("base", "fallback"):
+        for doc in render(target):
+            for hook in doc.get("webhooks", []):
+                for cond in hook.get("matchConditions", []):
+                    checker.compile(plain, f"{target} {hook['name']} {cond['name']}",
+                                    cond["expression"], BOOL_T)
+    assert checker.checked > 40
+    assert not checker.failures, "\n\n".join(checker.failures)
+    assert not checker.too_deep

@@ -80,6 +80,11 @@ def test_partial_writes_the_objects_and_names_what_stays(partial_output: str) ->
         ("ValidatingAdmissionPolicyBinding", "warn.gpu-admission.io"),
         ("ValidatingAdmissionPolicy", "audit.gpu-admission.io"),
         ("ValidatingAdmissionPolicyBinding", "audit.gpu-admission.io"),
+        # the guard half: pods without a GPU or DRA resource (compile --guard)
+        ("MutatingAdmissionPolicy", "guard.gpu-admission.io"),
+        ("MutatingAdmissionPolicyBinding", "guard.gpu-admission.io"),
+        *((kind, f"guard-{mode}.gpu-admission.io") for mode in ("enforce", "warn", "audit")
+          for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")),
         ("ConfigMap", "gpu-admission-policy"),
         ("MutatingWebhookConfiguration", "gpu-admission"),
         ("ValidatingWebhookConfiguration", "gpu-admission")]
@@ -88,7 +93,10 @@ def test_partial_writes_the_objects_and_names_what_stays(partial_output: str) ->
     actions = {d["metadata"]["name"]: d["spec"]["validationActions"]
                for d in docs(partial_output) if d["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert actions == {"enforce.gpu-admission.io": ["Deny"], "warn.gpu-admission.io": ["Warn"],
-                       "audit.gpu-admission.io": ["Audit"]}
+                       "audit.gpu-admission.io": ["Audit"],
+                       "guard-enforce.gpu-admission.io": ["Deny"],
+                       "guard-warn.gpu-admission.io": ["Warn"],
+                       "guard-audit.gpu-admission.io": ["Audit"]}
 
 
 @pytest.mark.parametrize("version", SCHEMAS)
@@ -189,9 +197,13 @@ def test_webhook_side_is_scoped_to_the_pods_that_stay(partial_output: str) -> No
         [condition] = hook["matchConditions"]
         assert _cel(condition["expression"], dra_pod) and not _cel(condition["expression"], plain)
     compiled = objs[0]["spec"]["matchConditions"]
-    assert [c["name"] for c in compiled] == ["not-for-the-webhook-1"]
+    # the GPU policies: not the webhook's DRA pods, and GPU pods only (the guard half has the
+    # others)
+    assert [c["name"] for c in compiled] == ["not-for-the-webhook-1", "gpu-or-dra-pod"]
     assert not _cel(compiled[0]["expression"], dra_pod)
     assert _cel(compiled[0]["expression"], plain)
+    assert _cel(compiled[1]["expression"], plain)
+    assert not _cel(compiled[1]["expression"], make_pod(containers=[make_container(gpu=None)]))
 
 
 @pytest.mark.parametrize("policy", ["built-in", "policy-pools.yaml"])

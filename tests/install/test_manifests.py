@@ -65,7 +65,17 @@ ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "webhook-manifests"
 COMPANION = MANIFESTS / "companion"
 TARGETS = {"default": MANIFESTS, "base": MANIFESTS / "base",
-           "cert-manager": MANIFESTS / "overlays" / "cert-manager"}
+           "cert-manager": MANIFESTS / "overlays" / "cert-manager",
+           # API servers before 1.36: the webhook keeps the guard for every pod
+           "fallback": MANIFESTS / "overlays" / "webhook-guard-fallback"}
+#: The compiled guard (base/guard-policies.yaml): admissionregistration.k8s.io/v1
+#: MutatingAdmissionPolicy is served from 1.36 on, so those objects validate from 1.36.
+POLICY_K8S_VERSION = "1.36.0"
+GUARD_OBJECTS = [f"{kind}/{name}" for name, kinds in (
+    ("guard.gpu-admission.io", ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")),
+    *((f"guard-{m}.gpu-admission.io", ("ValidatingAdmissionPolicy",
+                                        "ValidatingAdmissionPolicyBinding"))
+      for m in ("enforce", "warn", "audit"))) for kind in kinds]
 K8S_VERSIONS = ["1.30.0", "1.37.0"]  # matchConditions are GA from 1.30
 BUILTIN_GROUPS = {"v1", "apps/v1", "batch/v1", "policy/v1", "rbac.authorization.k8s.io/v1",
                   "admissionregistration.k8s.io/v1"}
@@ -124,8 +134,10 @@ def test_builtin_kinds_match_kubernetes_openapi_schema(target: str, version: str
     docs = render(target)
     builtin = [d for d in docs if d["apiVersion"] in BUILTIN_GROUPS]
     for doc in builtin:
+        at = (max(version, POLICY_K8S_VERSION, key=lambda v: tuple(map(int, v.split("."))))
+              if "AdmissionPolicy" in doc["kind"] else version)
         try:
-            kubernetes_validate.validate(doc, version, strict=True)
+            kubernetes_validate.validate(doc, at, strict=True)
         except kubernetes_validate.ValidationError as exc:
             pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} invalid for {version}: "
                         f"{exc.message} at {list(exc.path)}")
@@ -181,9 +193,11 @@ def test_base_kinds_and_namespaces() -> None:
         "MutatingWebhookConfiguration/gpu-admission",
         "ValidatingWebhookConfiguration/gpu-admission", "Job/gpu-admission-install-certs",
         "CronJob/gpu-admission-install-certs",
-        *SCHEDULER_OBJECTS, *RECLAIM_OBJECTS])
+        *SCHEDULER_OBJECTS, *RECLAIM_OBJECTS, *GUARD_OBJECTS])
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding",
-                      "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+                      "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+                      "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
+                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for d in docs:
         # the scheduler's delegated-authentication RoleBinding must live next to its Role
         expected = "kube-system" if d["metadata"]["name"] == SCHEDULER_AUTH_READER else NS
@@ -201,7 +215,7 @@ def webhooks(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
 CLAIMS_HOOK = "validate-claims.gpu-admission.io"
 
 
-@pytest.mark.parametrize("target", ["base", "cert-manager"])
+@pytest.mark.parametrize("target", ["base", "cert-manager", "fallback"])
 def test_webhook_configuration_safety_settings(target: str) -> None:
     docs = render(target)
     namespace = one(docs, "Namespace")["metadata"]["name"]
@@ -229,8 +243,10 @@ def test_webhook_configuration_safety_settings(target: str) -> None:
                                                         "resourceclaimtemplates"],
                 "scope": "Namespaced"}])
             continue
-        assert [r["resources"] for r in hook["rules"]] == [["pods"]]
-        assert [r["apiGroups"] for r in hook["rules"]] == [[""]]
+        # kubectl debug: ephemeral containers enter through the subresource (docs/guard.md)
+        assert [r["resources"] for r in hook["rules"]] == [["pods"], ["pods/ephemeralcontainers"]]
+        assert [r["apiGroups"] for r in hook["rules"]] == [[""], [""]]
+        assert hook["rules"][1]["operations"] == ["UPDATE"]
     assert set(seen) == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
     mutating, validating = seen["MutatingWebhookConfiguration"], \
         seen["ValidatingWebhookConfiguration"]
@@ -283,14 +299,15 @@ def cel_program(expression: str) -> Any:
     return env.program(env.compile(expression))
 
 
-def cel_match(pod: dict[str, Any] | None, operation: str = "CREATE") -> bool:
+def cel_match(pod: dict[str, Any] | None, operation: str = "CREATE", target: str = "base",
+              sub_resource: str = "") -> bool:
     """Evaluate every matchCondition as the API server does: variables object, oldObject,
     request; all must be true for the webhook to be called."""
-    hook = webhooks(render("base"))[0][1]
+    hook = webhooks(render(target))[0][1]
     activation = celpy.adapter.json_to_cel({
         "object": pod, "oldObject": pod if operation == "UPDATE" else None,
-        "request": {"operation": operation, "kind": {"group": "", "version": "v1",
-                                                     "kind": "Pod"}}})
+        "request": {"operation": operation, "subResource": sub_resource,
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"}}})
     results = []
     for condition in hook["matchConditions"]:
         assert re.fullmatch(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]", condition["name"])
@@ -368,10 +385,11 @@ GUARD_CEL_CASES = [
 
 @pytest.mark.parametrize(("pod", "expected"), [c[1:] for c in CEL_CASES if c[2]],
                          ids=[c[0] for c in CEL_CASES if c[2]])
+@pytest.mark.parametrize("target", ["base", "fallback"])
 @pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
 def test_match_conditions_always_send_gpu_pods(pod: dict[str, Any], expected: bool,
-                                               operation: str) -> None:
-    assert cel_match(pod, operation) is expected
+                                               operation: str, target: str) -> None:
+    assert cel_match(pod, operation, target) is expected
 
 
 @pytest.mark.parametrize(("pod", "on_create"), [c[1:] for c in GUARD_CEL_CASES],
@@ -379,7 +397,10 @@ def test_match_conditions_always_send_gpu_pods(pod: dict[str, Any], expected: bo
 @pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
 def test_match_conditions_send_non_gpu_pods_only_to_the_guard_on_create(
         pod: dict[str, Any], on_create: bool, operation: str) -> None:
-    assert cel_match(pod, operation) is (on_create and operation == "CREATE")
+    """The fallback (webhook keeps the guard); the default install never sends them: the
+    compiled guard decides them inside the API server (tests/install/test_guard_split.py)."""
+    assert cel_match(pod, operation, "fallback") is (on_create and operation == "CREATE")
+    assert cel_match(pod, operation, "base") is False
 
 
 RESOURCE_NAMES = ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.5gb",
@@ -428,7 +449,8 @@ def test_match_conditions_never_skip_a_pod_the_engine_would_change_or_deny(
         name in ("nvidia.com/gpu", "nvidia.com/gpu.shared") or name.startswith("nvidia.com/mig-")
         for c in main + init for key in ("limits", "requests")
         for name in (c.get("resources", {}).get(key) or {}))
-    matched = cel_match(pod, operation)
+    matched = cel_match(pod, operation, "fallback")
+    assert cel_match(pod, operation, "base") is named_gpu
     if operation == "UPDATE":
         assert matched is named_gpu
     if gpu_containers(spec):

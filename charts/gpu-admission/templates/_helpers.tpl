@@ -86,3 +86,63 @@ list exemptions.namespaces gets the model's default ["kube-system"] before the e
 {{- end -}}
 {{- toYaml $policy -}}
 {{- end -}}
+
+{{/*
+The guard half (docs/compile.md, "The guard inside the API server"): "true" when the GPU-access
+guard for pods without a GPU or DRA resource runs as compiled admission policies
+(templates/guard-policies.yaml) and the webhooks see only GPU and DRA pods; "false" when the
+webhook keeps the guard for every pod (API servers before 1.36, or webhook.guard: webhook).
+*/}}
+{{- define "gpu-admission.guard.inApiServer" -}}
+{{- $mode := .Values.webhook.guard -}}
+{{- if eq $mode "apiServer" -}}true
+{{- else if eq $mode "webhook" -}}false
+{{- else -}}{{ .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" }}
+{{- end -}}
+{{- end -}}
+
+{{/* The merged policy's exemptions (gpu-admission.policy), defaults as the model's. */}}
+{{- define "gpu-admission.guard.exemptions" -}}
+{{- $policy := include "gpu-admission.policy" . | fromYaml -}}
+{{- $spec := default dict $policy.spec -}}
+{{- $ex := default dict $spec.exemptions -}}
+{{- $namespaces := ternary $ex.namespaces (list "kube-system") (hasKey $ex "namespaces") -}}
+{{- toJson (dict "namespaces" (default list $namespaces) "users" (default list $ex.users) "groups" (default list $ex.groups)) -}}
+{{- end -}}
+
+{{/* The three guard rules' modes (policy spec.rules; the model's default is enforce). */}}
+{{- define "gpu-admission.guard.modes" -}}
+{{- $policy := include "gpu-admission.policy" . | fromYaml -}}
+{{- $spec := default dict $policy.spec -}}
+{{- $rules := default dict $spec.rules -}}
+{{- $modes := dict -}}
+{{- range $rule := list "gpu-access-isolation" "gpu-device-hostpath" "gpu-visible-devices" -}}
+{{- $_ := set $modes $rule (default "enforce" (get $rules $rule)) -}}
+{{- end -}}
+{{- toJson $modes -}}
+{{- end -}}
+
+{{- define "gpu-admission.guard.users" -}}
+{{- $ex := include "gpu-admission.guard.exemptions" . | fromJson -}}
+{{- toJson (default list $ex.users | uniq | sortAlpha) -}}
+{{- end -}}
+
+{{- define "gpu-admission.guard.groups" -}}
+{{- $ex := include "gpu-admission.guard.exemptions" . | fromJson -}}
+{{- toJson (default list $ex.groups | uniq | sortAlpha) -}}
+{{- end -}}
+
+{{/* Never matched: kube-system, the release namespace, the policy's exempt namespaces. */}}
+{{- define "gpu-admission.guard.excludedNamespaces" -}}
+{{- $ex := include "gpu-admission.guard.exemptions" . | fromJson -}}
+{{- toJson (concat (list "kube-system" .Release.Namespace) (default list $ex.namespaces) | uniq | sortAlpha) -}}
+{{- end -}}
+
+{{/*
+gpu_admission.compile.guard.guard_digest: sha256 (16 hex digits) of the canonical JSON of the
+guard's inputs, as Go's encoding/json writes it (sorted keys, no spaces).
+*/}}
+{{- define "gpu-admission.guard.digest" -}}
+{{- $inputs := dict "modes" (include "gpu-admission.guard.modes" . | fromJson) "excludedNamespaces" (include "gpu-admission.guard.excludedNamespaces" . | fromJsonArray) "users" (include "gpu-admission.guard.users" . | fromJsonArray) "groups" (include "gpu-admission.guard.groups" . | fromJsonArray) -}}
+{{- printf "sha256:%s" (toJson $inputs | sha256sum | trunc 16) -}}
+{{- end -}}

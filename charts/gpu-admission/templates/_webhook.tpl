@@ -37,41 +37,59 @@ namespaceSelector:
       values: {{ include "gpu-admission.excludedNamespaces" . }}
 {{- end -}}
 
-{{/* The pod webhooks' matchConditions (kustomize base: identical in both files). */}}
+{{/*
+The pod webhooks' matchConditions (kustomize: base/*webhookconfiguration.yaml, and the
+component webhook-guard-fallback). Expressions: gpu_admission.compile.guard.gpu_or_dra_pod and
+webhook_fallback_condition (a test holds both installs to them).
+*/}}
 {{- define "gpu-admission.webhook.podMatchConditions" -}}
-# Pods sent to the webhook: those that request or limit a GPU resource (nvidia.com/gpu,
-# nvidia.com/gpu.shared, nvidia.com/mig-*) in a container or init container, and on CREATE
-# also every other pod the GPU-access guard may change or deny (docs/guard.md): skipped
-# are only pods whose every container and init container already sets
-# NVIDIA_VISIBLE_DEVICES to "void" or "none" (every entry of that name, literal value) and
-# that have no hostPath volume. UPDATEs of non-GPU pods are skipped (the guard does not
-# re-judge them: containers, env and volumes are immutable). Every field access is
-# guarded with has(): with failurePolicy Fail a CEL evaluation error would reject the
-# request. `object` is never null here (rules select CREATE/UPDATE only; it is null only
-# for DELETE). Resources renamed with the device plugin's `rename:` are NOT matched.
-# DRA GPU pods (docs/dra.md) are sent too: any pod with spec.resourceClaims, and limits or
-# requests named deviceclass.resource.kubernetes.io/<class>. A DeviceClass's own
-# extendedResourceName is only matched when it is nvidia.com/gpu (NVIDIA's chart's choice).
+{{- if eq (include "gpu-admission.guard.inApiServer" .) "true" -}}
+# Pods sent to the webhook: those naming a GPU resource (nvidia.com/gpu, nvidia.com/gpu.shared,
+# nvidia.com/mig-*) or a DRA one (spec.resourceClaims, deviceclass.resource.kubernetes.io/*),
+# whatever the quantity. Every other pod meets the GPU-access guard inside the API server
+# (templates/guard-policies.yaml), whose matchConditions are this expression negated: a
+# webhook outage refuses only GPU and DRA pods (docs/guard.md).
 matchConditions:
-  - name: gpu-pod-or-guarded-create
+  - name: gpu-or-dra-pod
     expression: |
       has(object.spec) && (
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
-        (has(object.spec.containers) && object.spec.containers.exists(c,
-          has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/')))))) ||
-        (has(object.spec.initContainers) && object.spec.initContainers.exists(c,
-          has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/')))))) ||
-        (request.operation == 'CREATE' && (
+        (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
+        (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
+        (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))))
+{{- else -}}
+# Pods sent to the webhook: GPU and DRA pods, and every pod creation or kubectl-debug
+# ephemeral container the GPU-access guard may change or deny (the API server serves no
+# MutatingAdmissionPolicy v1, or webhook.guard is "webhook"): skipped are only pods whose
+# every container already sets NVIDIA_VISIBLE_DEVICES to "void" or "none" (every entry of that
+# name, literal value) and that have no hostPath volume (docs/guard.md).
+matchConditions:
+  - name: gpu-or-dra-pod-or-guarded
+    expression: |-
+      (has(object.spec) && (
+        (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
+        (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
+        (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
+        (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))))) ||
+      (has(object.spec) && request.operation == 'CREATE' && (
           (has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) ||
           (has(object.spec.containers) && object.spec.containers.exists(c,
             !(has(c.env) && c.env.exists(e, has(e.name) && e.name == 'NVIDIA_VISIBLE_DEVICES') && c.env.all(e,
               !has(e.name) || e.name != 'NVIDIA_VISIBLE_DEVICES' || (has(e.value) && !has(e.valueFrom) && (e.value == 'void' || e.value == 'none')))))) ||
           (has(object.spec.initContainers) && object.spec.initContainers.exists(c,
             !(has(c.env) && c.env.exists(e, has(e.name) && e.name == 'NVIDIA_VISIBLE_DEVICES') && c.env.all(e,
-              !has(e.name) || e.name != 'NVIDIA_VISIBLE_DEVICES' || (has(e.value) && !has(e.valueFrom) && (e.value == 'void' || e.value == 'none'))))))))
-      )
+              !has(e.name) || e.name != 'NVIDIA_VISIBLE_DEVICES' || (has(e.value) && !has(e.valueFrom) && (e.value == 'void' || e.value == 'none')))))))) ||
+      (has(object.spec) && request.subResource == 'ephemeralcontainers' && has(object.spec.ephemeralContainers) &&
+        object.spec.ephemeralContainers.exists(c,
+            !(has(c.env) && c.env.exists(e, has(e.name) && e.name == 'NVIDIA_VISIBLE_DEVICES') && c.env.all(e,
+              !has(e.name) || e.name != 'NVIDIA_VISIBLE_DEVICES' || (has(e.value) && !has(e.valueFrom) && (e.value == 'void' || e.value == 'none'))))))
+{{- end -}}
 {{- end -}}
