@@ -611,7 +611,7 @@ def _ephemeral(pod: Mapping[str, Any], spec: Mapping[str, Any], facts: RequestFa
     the subresource keeps nothing else of the update (``dropNonEphemeralContainerUpdates`` in
     kubernetes ``pkg/registry/core/pod/strategy.go``), so no ``gpu-admission.io/mutated``
     annotation is written."""
-    exempt = _exemption(facts, compiled)
+    exempt = exemption(facts, compiled)
     if exempt:
         return Decision(allowed=True, exempt=exempt)
     builder = PatchBuilder(pod) if facts.stage == "mutate" else None

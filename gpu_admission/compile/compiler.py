@@ -128,7 +128,7 @@ def _match_constraints(policy: Policy, operations: list[str]) -> dict[str, Any]:
 
 
 def match_conditions(policy: Policy) -> list[dict[str, str]]:
-    """The policy's exempt users and groups (engine._exemption) as matchConditions."""
+    """The policy's exempt users and groups (engine.exemption) as matchConditions."""
     out = []
     users = policy.spec.exemptions.users
     groups = policy.spec.exemptions.groups

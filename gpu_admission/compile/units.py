@@ -203,7 +203,7 @@ def analysis(policy: Policy, prog: Program) -> None:
              (by_prefix, '"training"', f'"label " + {first_prefix}')]
     chain += [(f"{lit(key)} in {labels}", '"notebook"', lit(f"label {key}"))
               for key in compiled.notebook_labels]
-    if compiled.batch_job_workload is not None:  # engine._classify: a batch/v1 Job owner
+    if compiled.batch_job_workload is not None:  # engine.classify: a batch/v1 Job owner
         is_job = f'r.kind == "Job" && r.apiVersion in {lit(list(BATCH_JOB_API_VERSIONS))}'
         first_job = f"{owners}.filter(r, {is_job})[0]"
         chain.append((f"has({owners}) && {owners}.exists(r, {is_job})",
