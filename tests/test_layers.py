@@ -39,7 +39,7 @@ FLOORS: Final[tuple[tuple[str, str, tuple[str, ...]], ...]] = (
     ("pure", "decisions and computations: pod, objects, metrics and policy in, values out", (
         "engine", "workloads", "sharing_systems", "rules.*", "dra.*", "placement.*",
         "compile", "compile.cel", "compile.units", "compile.compiler", "compile.render",
-        "compile.evaluator", "compile.offline", "compile.guard",
+        "compile.evaluator", "compile.offline", "compile.guard", "compile.rules.*",
         "report", "report.data", "report.compute", "report.sharing", "report.render",
         "report.html",
         "reclaim", "reclaim.plan", "reclaim.names",
