@@ -35,7 +35,8 @@ ROOT: Final = Path(__file__).resolve().parents[1] / PACKAGE
 #: list each module, so a module added there has no floor until someone gives it one.
 FLOORS: Final[tuple[tuple[str, str, tuple[str, ...]], ...]] = (
     ("core", "values and small pure helpers every floor reads", (
-        "", "vocab", "decision", "cuda", "patch", "fractional", "timeframe", "policy.*")),
+        "", "vocab", "decision", "cuda", "quantity", "patch", "fractional", "timeframe",
+        "policy.*")),
     ("pure", "decisions and computations: pod, objects, metrics and policy in, values out", (
         "engine", "workloads", "sharing_systems", "rules.*", "dra.*", "placement.*",
         "compile", "compile.cel", "compile.units", "compile.compiler", "compile.render",
