@@ -29,7 +29,7 @@ from .guard import (
     render_guard,
 )
 from .render import dump, render
-from .units import WebhookOnly
+from .rules import WebhookOnly
 
 WEBHOOK_NAMESPACE = "gpu-admission"
 WEBHOOK_LABELS = {"app.kubernetes.io/name": "gpu-admission",

@@ -43,21 +43,27 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from structlog.typing import FilteringBoundLogger
 
 from gpu_admission.extender.binder import BindConfig, Binder, BindMetrics, KubeState
-from gpu_admission.extender.fractional import (
+from gpu_admission.extender.gpustate import (
+    METRICS,
+    Poller,
+    PollerConfig,
+    PollError,
+)
+from gpu_admission.kube.client import api_client
+from gpu_admission.placement.fractional import (
     filter_fractional,
     fractional_error,
     fractional_share,
     score_fractional,
 )
-from gpu_admission.extender.gpustate import METRICS, Poller, PollerConfig, PollError, Snapshot
-from gpu_admission.extender.placement import (
+from gpu_admission.placement.gpus import Snapshot
+from gpu_admission.placement.score import (
     FilterResult,
     filter_nodes,
     neutral_reason,
     pod_demand,
     score_nodes,
 )
-from gpu_admission.kube.client import api_client
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.server.logs import make_logger
 from gpu_admission.server.reload import FileWatcher, cancel_tasks
