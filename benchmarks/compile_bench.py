@@ -17,14 +17,16 @@ pays (the issue measured 0.2-0.6 ms for a MAP on a real 1.36 API server).
 Then the CEL itself in a compiled evaluator, **cel-cpp** (Google's C++ CEL, ``cel-expr-python``,
 the binding the type-check test uses): every expression the API server would evaluate for a
 typical GPU pod and a typical CPU pod, the mutating policies first, then the validating
-policies on the mutated pod, each policy's matchConditions first (a false one skips the
-policy), then the variables its expressions reference (each once, in order: an upper bound on
-the API server's lazy evaluation), then its validations, audit annotations and mutation; next
+policies on the mutated pod, each policy's matchConditions first (all of them, as the API
+server's matcher does; a false one skips the policy), then its validations (a
+messageExpression only when the validation fails), audit annotations and mutation, each
+variable evaluated lazily on first use, as the API server does; next
 to a hand-written *floor* MAP (``schedulerName``, ``NVIDIA_MEM_LIMIT_MB`` and
 ``GPU_MEMORY_FRACTION`` on GPU containers, no variables). Handing each value to the next
 expression goes through Python; the time of an empty expression with the same inputs is
-subtracted per evaluation. ``--objects FILE`` measures another compiled set (e.g. ``git show
-main:...``'s output) next to the current one.
+subtracted per evaluation. Then the guard half per policy for the CPU pod (matched or
+skipped, conditions, evaluations, µs). ``--objects FILE`` measures another compiled set
+(e.g. ``git show main:...``'s output) next to the current one.
 
     python benchmarks/compile_bench.py [--repeat N] [--objects before.yaml] [--cel-cpp-only]
 """
@@ -269,7 +271,8 @@ def cel_cpp_run(cpp: CelCpp, objects: list[dict[str, Any]], pod: dict[str, Any],
             current_policy[0] = obj["metadata"]["name"]
             data: dict[str, Any] = {"object": current, "oldObject": None, "request": request}
             conditions, variables, others = _policy_exprs(obj)
-            if not all([run(c, data, ()) for c in conditions]):
+            results = [run(c, data, ()) for c in conditions]  # every one, as the matcher
+            if not all(results):
                 continue
             named = dict(variables)
             patch = None

@@ -200,7 +200,7 @@ def test_what_an_outage_does() -> None:
 
 @pytest.mark.parametrize("modes", list(itertools.product(["enforce", "warn", "audit"],
                                                           repeat=3)),
-                         ids=lambda m: "-".join(m))
+                         ids="-".join)
 def test_guard_compiles_for_every_mode_combination(modes: tuple[str, str, str]) -> None:
     """Bad input cannot silently drop the guard: every mode of the three rules compiles (the
     modes are data in the CEL); the deny and warn policies are there exactly when a guard rule
