@@ -169,11 +169,11 @@ def _program(policy: Policy, modes_literal: str) -> Program:
                   value="{" + key + ": " + lit("env") + "}")
     add_key = rec(op=lit("add"), path=lit("/metadata/annotations/" + escape(MUTATED_ANNOTATION)),
                   value=var("mutatedValue"))
-    _simple_pod(prog, modes)
+    _simple_pod(prog, modes_literal)
     simple = var("simple")
-    prog.add("voidOps", f"{simple} ? {var('simpleOps')} : {var('guardOps')}",
-             "the void upserts: the direct ones for a simple pod, else the guard's analysis")
-    ops = var("voidOps")
+    # the void upserts: the direct ones for a simple pod, else the guard's analysis (inline:
+    # one variable less to evaluate; each side is a variable, computed once)
+    ops = f"({simple} ? {var('simpleOps')} : {var('guardOps')})"
     prog.add("patch",
              f"(!{simple} && size({var('denials')}) > 0) || size({ops}) == 0 ? []\n"
              f"  : !{simple} && {var('ephemeral')} ? {ops}\n"

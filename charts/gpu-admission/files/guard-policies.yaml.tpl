@@ -116,23 +116,19 @@ spec:
   - name: simple
     expression: |-
       // a pod CREATE without hostPath and without any NVIDIA_VISIBLE_DEVICES entry, isolation enforced: every container gets void, nothing else can be found
-      request.operation == "CREATE" && variables.modes["gpu-access-isolation"] == "enforce" && !(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, !has(c.env) || !c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES"))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, !has(c.env) || !c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")))
+      request.operation == "CREATE" && {{ include "gpu-admission.guard.modes" . }}["gpu-access-isolation"] == "enforce" && !(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, !has(c.env) || !c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES"))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, !has(c.env) || !c.env.exists(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")))
   - name: simpleOps
     expression: |-
       // the simple pod's void upserts
       (has(object.spec.containers) ? lists.range(size(object.spec.containers)).map(i, has(object.spec.containers[i].env) ? {"op": dyn("add"), "path": dyn("/spec/containers/" + string(i) + "/env" + "/-"), "value": dyn({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})} : {"op": dyn("add"), "path": dyn("/spec/containers/" + string(i) + "/env"), "value": dyn([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])}) : []) + (has(object.spec.initContainers) ? lists.range(size(object.spec.initContainers)).map(i, has(object.spec.initContainers[i].env) ? {"op": dyn("add"), "path": dyn("/spec/initContainers/" + string(i) + "/env" + "/-"), "value": dyn({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})} : {"op": dyn("add"), "path": dyn("/spec/initContainers/" + string(i) + "/env"), "value": dyn([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])}) : [])
-  - name: voidOps
-    expression: |-
-      // the void upserts: the direct ones for a simple pod, else the guard's analysis
-      variables.simple ? variables.simpleOps : variables.guardOps
   - name: patch
     expression: |-
       // the void upserts and the gpu-admission.io/mutated annotation (none on an ephemeral-container UPDATE: the subresource keeps only the containers); nothing when an enforce-mode guard rule denies
-      (!variables.simple && size(variables.denials) > 0) || size(variables.voidOps) == 0 ? []
-        : !variables.simple && variables.ephemeral ? variables.voidOps
-        : !has(object.metadata.annotations) ? variables.voidOps + [{"op": dyn("add"), "path": dyn("/metadata/annotations"), "value": dyn({"gpu-admission.io/mutated": "env"})}]
-        : variables.mutatedValue != variables.mutatedBefore || !("gpu-admission.io/mutated" in object.metadata.annotations) ? variables.voidOps + [{"op": dyn("add"), "path": dyn("/metadata/annotations/gpu-admission.io~1mutated"), "value": dyn(variables.mutatedValue)}]
-        : variables.voidOps
+      (!variables.simple && size(variables.denials) > 0) || size((variables.simple ? variables.simpleOps : variables.guardOps)) == 0 ? []
+        : !variables.simple && variables.ephemeral ? (variables.simple ? variables.simpleOps : variables.guardOps)
+        : !has(object.metadata.annotations) ? (variables.simple ? variables.simpleOps : variables.guardOps) + [{"op": dyn("add"), "path": dyn("/metadata/annotations"), "value": dyn({"gpu-admission.io/mutated": "env"})}]
+        : variables.mutatedValue != variables.mutatedBefore || !("gpu-admission.io/mutated" in object.metadata.annotations) ? (variables.simple ? variables.simpleOps : variables.guardOps) + [{"op": dyn("add"), "path": dyn("/metadata/annotations/gpu-admission.io~1mutated"), "value": dyn(variables.mutatedValue)}]
+        : (variables.simple ? variables.simpleOps : variables.guardOps)
   mutations:
   - patchType: JSONPatch
     jsonPatch:
