@@ -30,7 +30,8 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.report_bench import api_requests, pinned
+from report_bench import api_requests, pinned
+
 from tests.dcgm_history_support import Gpu, Reading, uuid_for, write_file
 from tests.prometheus_support import create_blocks, running_prometheus
 from tests.reclaim.fake_api import fake_kube
