@@ -92,8 +92,9 @@ def _zero(quantity: Any) -> bool:
 def has_fractional_pools(policy: Policy) -> bool:
     """Whether the policy has a ``sharing: fractional`` pool. Without one, fractional GPUs
     do not exist for the engine: ``gpu-admission.io/gpu-memory`` (annotation or resource)
-    means nothing, exactly as for the compiled policies, which refuse fractional pools."""
-    return any(pool.sharing == "fractional" for pool in policy.compiled.pools)
+    means nothing, exactly as for the compiled policies, which refuse fractional pools.
+    Computed once per policy (``Compiled.fractional``): this is asked on every review."""
+    return policy.compiled.fractional
 
 
 def _gpu_resources(container: Mapping[str, Any], fractional: bool) -> dict[str, Any] | None:
@@ -416,9 +417,9 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
         if facts.sub_resource == EPHEMERAL_SUBRESOURCE and facts.operation == "UPDATE":
             return _ephemeral(pod, spec, facts, policy.compiled)
         return _ALLOWED
-    fractional = has_fractional_pools(policy)
-    gcs = gpu_containers(spec, fractional)
     compiled = policy.compiled
+    fractional = compiled.fractional
+    gcs = gpu_containers(spec, fractional)
     meta = pod.get("metadata")
     meta = meta if isinstance(meta, dict) else _EMPTY
     dra_pod = (analyze_pod(pod, facts.namespace, dra, compiled.dra_gpu_classes)

@@ -285,12 +285,16 @@ def _env_ops(out: list[Op], kind: str, index: int, spec: Mapping[str, Any],
         out.append({"op": "add", "path": base,
                     "value": [_env_entry(n, v) for n, v in wanted.items()]})
         return
+    # One comprehension of the names, then a C-level search per wanted name: pods with
+    # hundreds of env vars stay cheap. The last duplicate is the one that takes effect.
+    try:
+        names = [entry.get("name") for entry in env]
+    except AttributeError:  # a non-object entry (the API server would reject the pod)
+        names = [entry.get("name") if entry.__class__ is dict else None for entry in env]
     position: dict[str, int] = {}
-    for i, entry in enumerate(env):
-        if entry.__class__ is dict:
-            name = entry.get("name")
-            if name.__class__ is str and name in wanted:
-                position[name] = i  # the last duplicate is the one that takes effect
+    for name in wanted:
+        if name in names:
+            position[name] = len(names) - 1 - names[::-1].index(name)
     for name, value in wanted.items():
         at = position.get(name)
         if at is None:
