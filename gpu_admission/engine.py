@@ -26,6 +26,7 @@ return a patch; a pod that merely lacks our mutations is not denied for that.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -314,13 +315,24 @@ def _annotation_value(existing: Any, fields: list[str]) -> str:
     """Stable summary: sorted kinds of fields we mutated, merged with any earlier summary.
 
     E.g. ``affinity,env,nodeSelector,schedulerName``; re-running on the patched pod changes
-    nothing, so the value stays put.
+    nothing, so the value stays put. Memoised (:func:`_summary`): the same fields repeat
+    across reviews.
     """
+    text = existing if isinstance(existing, str) else None
+    if text is not None and len(text) > 200:  # not ours (ours is short): no memo for it
+        return _summary(text, tuple(fields))
+    return _cached_summary(text, tuple(fields))
+
+
+def _summary(existing: str | None, fields: tuple[str, ...]) -> str:
     kinds = {f.rsplit(".", 1)[-1] if f.startswith(("spec.containers[", "spec.initContainers["))
              else f.split(".", 1)[1] for f in fields if f.startswith("spec.")}
     if isinstance(existing, str) and existing:
         kinds.update(k for k in existing.split(",") if k)
     return ",".join(sorted(kinds))
+
+
+_cached_summary = functools.lru_cache(maxsize=1024)(_summary)
 
 
 def _routed(node_selector: Mapping[str, Any], cuda_version: str | None, workload: str,

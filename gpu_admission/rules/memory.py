@@ -214,19 +214,14 @@ class MemoryLimit:
                    source: str) -> None:
         env = gc.container.get("env")
         existing: dict[str, tuple[int, Mapping[str, Any]]] = {}
-        if env.__class__ is list and env:
-            # Only our few variables matter: one comprehension of the names, then a C-level
-            # search per wanted name (the last duplicate is the one that takes effect), so
-            # pods with hundreds of env vars stay cheap.
-            try:
-                names = [entry.get("name") for entry in env]
-            except AttributeError:  # a non-object entry (the API server would reject it)
-                names = [entry.get("name") if entry.__class__ is dict else None for entry in env]
-            for w in wanted:
-                name = w[0]
-                if name in names:
-                    i = len(names) - 1 - names[::-1].index(name)
-                    existing[name] = (i, env[i])
+        if isinstance(env, list) and env:
+            names = {w[0] for w in wanted}
+            for i, entry in enumerate(env):
+                # only our variables matter; pods with hundreds of env vars stay cheap
+                if entry.__class__ is dict:
+                    name = entry.get("name")
+                    if name.__class__ is str and name in names:
+                        existing[name] = (i, entry)
         for name, value, ok, expected in wanted:
             found = existing.get(name)
             if found is not None:
