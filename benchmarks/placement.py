@@ -17,7 +17,7 @@ Each pod requests cpu 2, memory 8Gi, ``nvidia.com/gpu: 1`` and, for (c), declare
 * (b) default scheduler, time-sliced x4: capacity 16 slices per node.
 * (c) gpu-aware-scheduler, time-sliced x4: NodeResourcesFit MostAllocated (nvidia.com/gpu 5,
   cpu 1, memory 1; BalancedAllocation off) + the extender's own filter and scores
-  (:mod:`gpu_admission.extender.placement`) x weight 5 x 10, as the shipped config; with
+  (:mod:`gpu_admission.placement.score`) x weight 5 x 10, as the shipped config; with
   each ``spec.placement.memoryFit`` (``predicted`` twice: exporter with
   ``KUBERNETES_VIRTUAL_GPUS=true``, and in its default mode); and, to show what the extender
   adds, the same profile without it. The extender sees what dcgm-exporter would print: the
@@ -61,22 +61,21 @@ from typing import Any
 import orjson
 
 from gpu_admission.extender.app import STATE, ExtenderConfig, create_app, decide
-from gpu_admission.extender.fractional import NEW_GPU
-from gpu_admission.extender.fractional import choose as choose_gpu
 from gpu_admission.extender.gpustate import (
     FB_FREE,
     FB_USED,
     METRICS,
     UTIL,
-    Gpu,
     Holders,
-    Snapshot,
     build_snapshot,
     node_labels,
     parse_vector,
 )
-from gpu_admission.extender.ledger import GpuState, NodeView
-from gpu_admission.extender.placement import (
+from gpu_admission.placement.fractional import NEW_GPU
+from gpu_admission.placement.fractional import choose as choose_gpu
+from gpu_admission.placement.gpus import Gpu, Snapshot
+from gpu_admission.placement.ledger import GpuState, NodeView
+from gpu_admission.placement.score import (
     filter_nodes,
     pod_demand,
     score_nodes,
@@ -359,8 +358,8 @@ def fractional_timing(calls: int, n_nodes: int = 500) -> None:
     time with its API calls against the fake API server (tests/kube_api_support.py) through
     the real kubernetes client."""
     from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod  # noqa: PLC0415
-    from gpu_admission.extender.fractional import filter_fractional  # noqa: PLC0415
-    from gpu_admission.extender.ledger import Assignment, Ledger, device_value  # noqa: PLC0415
+    from gpu_admission.placement.fractional import filter_fractional  # noqa: PLC0415
+    from gpu_admission.placement.ledger import Assignment, Ledger, device_value  # noqa: PLC0415
     from tests.extender.fractional_support import NAMESPACE, frac_node, frac_pod, frac_policy  # noqa: PLC0415
 
     rng = random.Random(7)
@@ -466,7 +465,7 @@ def fractional(policy: Policy, metrics: bool = True) -> Chooser:
     a GPU with share + headroom free, open or to open) and its scores x weight 5 x 10 plus
     NodeResourcesFit MostAllocated, where nvidia.com/gpu counts the reservation pods (one per
     open GPU); then bind puts the pod on the GPU the same rule chooses
-    (:func:`gpu_admission.extender.fractional.choose`). ``metrics``: DCGM utilisation in the
+    (:func:`gpu_admission.placement.fractional.choose`). ``metrics``: DCGM utilisation in the
     score (else memory fit alone)."""
     placement = policy.spec.placement
 

@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.report_bench import api_requests, pinned
 from tests.dcgm_history_support import Gpu, Reading, uuid_for, write_file
 from tests.prometheus_support import create_blocks, running_prometheus
 from tests.reclaim.fake_api import fake_kube
@@ -70,17 +69,6 @@ def world() -> tuple[list[Gpu], list[dict[str, Any]]]:
         pod[2]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
         objs += pod
     return gpus, objs
-
-
-def api_requests(url: str) -> float:
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(
-        r'^prometheus_http_requests_total\{[^}]*handler="/api/v1/(?:query_range|series)"'
-        r'[^}]*\} (\S+)$', text, re.MULTILINE))
-
-
-def pinned() -> None:
-    os.sched_setaffinity(0, {0})
 
 
 def main() -> None:

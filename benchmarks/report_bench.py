@@ -35,7 +35,7 @@ from gpu_admission.prom import PrometheusClient
 from gpu_admission.report.compute import Options, build_report, to_json
 from gpu_admission.report.query import FB_USED_METRIC, UTIL_METRIC, fetch
 from gpu_admission.report.render import render_json
-from gpu_admission.report.timeframe import Range, WorkingHours, parse_zone
+from gpu_admission.timeframe import Range, WorkingHours, parse_zone
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.dcgm_history_support import Gpu, Reading, uuid_for, write_file

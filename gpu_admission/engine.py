@@ -146,8 +146,8 @@ def gpu_containers(spec: Mapping[str, Any], fractional: bool = False) -> list[Gp
     return out
 
 
-def _classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
-              compiled: Compiled, default: str) -> tuple[str, str, str | None]:
+def classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
+             compiled: Compiled, default: str) -> tuple[str, str, str | None]:
     """(class, reason, invalid label value) -- label, then training owner/labels, notebook,
     then a batch/v1 Job owner (``spec.classification.batchJobWorkload``), then the default."""
     bad: str | None = None
@@ -300,7 +300,9 @@ def short_warning(violation: Violation) -> str:
     return text if len(text) <= MAX_WARNING else text[:MAX_WARNING - 3].rstrip() + "..."
 
 
-def _exemption(facts: RequestFacts, compiled: Compiled) -> str:
+def exemption(facts: RequestFacts, compiled: Compiled) -> str:
+    """Why the request is exempt (``namespace X``, ``user X``, ``group X``), "" when it is not;
+    public because the DRA claim rules (:mod:`gpu_admission.dra.claims`) exempt alike."""
     if facts.namespace in compiled.exempt_namespaces:
         return f"namespace {facts.namespace}"
     if facts.user and facts.user in compiled.exempt_users:
@@ -373,8 +375,8 @@ def analyse_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod | None:
     meta = meta if isinstance(meta, dict) else _EMPTY
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
-    workload, _, _ = _classify(meta, labels, compiled,
-                               policy.spec.classification.default_workload)
+    workload, _, _ = classify(meta, labels, compiled,
+                              policy.spec.classification.default_workload)
     cuda_version = _cuda(labels, gcs, compiled.image_cuda)[0]
     node_selector = spec.get("nodeSelector")
     node_selector = node_selector if isinstance(node_selector, dict) else _EMPTY
@@ -448,11 +450,11 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
         return _non_gpu(pod, spec, meta, facts, compiled, other=other)
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
-    workload, workload_reason, bad_label = _classify(
+    workload, workload_reason, bad_label = classify(
         meta, labels, compiled, policy.spec.classification.default_workload)
     cuda_version, cuda_source, conflict, cuda_invalid = _cuda(labels, gcs, compiled.image_cuda)
 
-    exempt = _exemption(facts, compiled)
+    exempt = exemption(facts, compiled)
     if exempt:
         return Decision(allowed=True, gpu=True, workload=workload,
                         workload_reason=workload_reason, cuda_version=cuda_version,
@@ -561,9 +563,9 @@ def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mappi
     compiled = policy.compiled
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
-    workload, reason, _ = _classify(meta, labels, compiled,
-                                    policy.spec.classification.default_workload)
-    exempt = _exemption(facts, compiled)
+    workload, reason, _ = classify(meta, labels, compiled,
+                                   policy.spec.classification.default_workload)
+    exempt = exemption(facts, compiled)
     if exempt:
         return Decision(allowed=True, gpu=True, workload=workload, workload_reason=reason,
                         exempt=exempt)
@@ -593,7 +595,7 @@ def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str,
     voided like any pod without a GPU, never silently)."""
     if facts.operation != "CREATE":
         return _ALLOWED
-    exempt = _exemption(facts, compiled)
+    exempt = exemption(facts, compiled)
     if exempt:
         return Decision(allowed=True, exempt=exempt)
     builder = PatchBuilder(pod) if facts.stage == "mutate" else None
@@ -622,7 +624,7 @@ def _ephemeral(pod: Mapping[str, Any], spec: Mapping[str, Any], facts: RequestFa
     the subresource keeps nothing else of the update (``dropNonEphemeralContainerUpdates`` in
     kubernetes ``pkg/registry/core/pod/strategy.go``), so no ``gpu-admission.io/mutated``
     annotation is written."""
-    exempt = _exemption(facts, compiled)
+    exempt = exemption(facts, compiled)
     if exempt:
         return Decision(allowed=True, exempt=exempt)
     builder = PatchBuilder(pod) if facts.stage == "mutate" else None

@@ -39,13 +39,13 @@ from gpu_admission.decision import Decision, RequestFacts
 from gpu_admission.dra.model import DraSourceError
 from gpu_admission.dra.offline import OfflineDra, is_dra_object
 from gpu_admission.engine import evaluate as evaluate_pod
+from gpu_admission.manifests import InputError, read_documents
 from gpu_admission.patch import apply_ops
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.rules.gpu_access import EPHEMERAL_SUBRESOURCE
 from gpu_admission.workloads import (
     PodTemplate,
     WorkloadError,
-    expand_lists,
     pod_templates,
     skip_reason,
     with_mutated_template,
@@ -57,40 +57,6 @@ class _NoAliasDumper(yaml.SafeDumper):
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
-
-
-class InputError(click.ClickException):
-    """Unusable input: exit code 2, one clear message, no traceback."""
-
-    exit_code = 2
-
-
-def _read_documents(name: str) -> list[Any]:
-    if name == "-":
-        text = sys.stdin.read()
-    else:
-        try:
-            text = Path(name).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise InputError(f"{name}: no such file") from None
-        except IsADirectoryError:
-            raise InputError(f"{name}: is a directory, expected a YAML or JSON file") from None
-        except UnicodeDecodeError:
-            raise InputError(f"{name}: not UTF-8 text") from None
-        except OSError as exc:
-            raise InputError(f"{name}: cannot read: {exc.strerror or exc}") from None
-    try:
-        # YAML 1.1 safe loader; JSON documents parse as YAML flow style too.
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise InputError(f"{name}: invalid YAML/JSON: {where}"
-                         f"{getattr(exc, 'problem', None) or exc}") from None
-    out: list[Any] = []
-    for doc in docs:
-        out.extend(expand_lists(doc) if not isinstance(doc, list) else doc)
-    return out
 
 
 def offline_uid(name: str, index: int, pointer: str) -> str:
@@ -216,11 +182,13 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
     dra = OfflineDra()  # DeviceClasses, claims, templates: docs/dra.md
     if cluster is not None:
         try:
-            dra.load_cluster(cluster)
+            from gpu_admission.kube.dra import list_objects  # noqa: PLC0415 - kubernetes: slow
+
+            dra.load_cluster(list_objects(cluster))
         except DraSourceError as exc:
             raise InputError(f"--cluster: {exc}") from None
     for name in filenames:
-        for index, doc in enumerate(_read_documents(name), start=1):
+        for index, doc in enumerate(read_documents(name), start=1):
             try:
                 if is_dra_object(doc):
                     claim = dra.take(doc, namespace)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gpu_admission.policy.model import NodePool, Policy
+from gpu_admission.quantity import integer_quantity
 from gpu_admission.vocab import (
     GPU_CONFIGMAP_ANNOTATION,
     GPU_CONFIGMAP_KEY,
@@ -59,11 +60,6 @@ ANNOTATION_PATH: Final = f"metadata.annotations[{GPU_MEMORY_ANNOTATION}]"
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _MIB_TEXT = re.compile(r"^[0-9]{1,12}$")  # an integer count of MiB (12 digits: ~1 ZiB)
-# A Kubernetes quantity without fraction (extended resources are integers): number + suffix.
-_QUANTITY = re.compile(r"^([0-9]{1,18})(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_QUANTITY_FACTOR: Final = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-                           "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
-                           "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _HAMI_VALUE = re.compile(r"^\s*([0-9]{1,20})\s*([kKmMgG]?)\s*$")
 _HAMI_FACTOR: Final = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
@@ -118,21 +114,6 @@ def parse_share_mib(value: Any) -> int:
     if mib <= 0:
         raise ValueError(f"expected a positive integer count of MiB, got {text!r}")
     return mib
-
-
-def quantity_value(quantity: Any) -> int | None:
-    """An integer Kubernetes quantity (``4096``, ``"16k"`` as the API server writes 16000,
-    ``"4Gi"``) as a plain number, None when it is not one."""
-    if isinstance(quantity, int) and not isinstance(quantity, bool):
-        return quantity
-    if not isinstance(quantity, str):
-        return None
-    if len(quantity) <= 18 and quantity.isdigit() and quantity.isascii():  # the common case
-        return int(quantity)
-    match = _QUANTITY.match(quantity.strip())
-    if match is None:
-        return None
-    return int(match.group(1)) * _QUANTITY_FACTOR[match.group(2)]
 
 
 def hami_limit_bytes(value: str) -> int | None:
@@ -241,7 +222,7 @@ def _resource(container: Any, name: str) -> int | None:
     for section in ("limits", "requests"):
         values = resources.get(section)
         if isinstance(values, dict) and name in values:
-            return quantity_value(values[name])
+            return integer_quantity(values[name])
     return None
 
 

@@ -28,7 +28,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpu_admission.fractional import quantity_value
+from gpu_admission.quantity import quantity_value
 
 Op = dict[str, Any]
 Term = dict[str, Any]

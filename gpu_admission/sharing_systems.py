@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpu_admission.dra.analysis import quantity_value
+from gpu_admission.quantity import quantity_value
 
 KAI: Final = "kai"
 HAMI: Final = "hami"

@@ -22,6 +22,7 @@ from typing import Any, Final
 import click
 import orjson
 
+from gpu_admission.auditlog.entry import BadLine, Entry, ReadStats
 from gpu_admission.auditlog.query import (
     DECISIONS,
     DIMENSIONS,
@@ -32,14 +33,7 @@ from gpu_admission.auditlog.query import (
     newest,
     parse_when,
 )
-from gpu_admission.auditlog.reader import (
-    DEFAULT_WEBHOOK_DOMAIN,
-    BadLine,
-    Entry,
-    InputError,
-    ReadStats,
-    read_entries,
-)
+from gpu_admission.auditlog.reader import DEFAULT_WEBHOOK_DOMAIN, InputError, read_entries
 from gpu_admission.auditlog.report import render_html
 
 MIN_WIDTH: Final = 80  # tables are laid out for an 80-column terminal at least

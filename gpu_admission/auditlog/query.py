@@ -20,7 +20,7 @@ from datetime import UTC, date, datetime, timedelta
 from itertools import count
 from typing import Any, Final, TypeVar
 
-from gpu_admission.auditlog.reader import Entry
+from gpu_admission.auditlog.entry import Entry
 
 DECISIONS: Final = ("allowed", "denied", "mutated", "failed-open")
 MODES: Final = ("enforce", "warn", "audit")

@@ -1,8 +1,9 @@
 """Streaming reader for decision logs and Kubernetes API server audit logs.
 
-Both inputs become the same thing: a stream of :class:`Entry` objects whose ``record`` has
-the decision-record shape of :func:`gpu_admission.auditlog.record.decision_record`, so
-summaries, filters and reports do not care where a decision came from.
+Both inputs become the same thing: a stream of :class:`~gpu_admission.auditlog.entry.Entry`
+objects whose ``record`` has the decision-record shape of
+:func:`gpu_admission.auditlog.record.decision_record`, so summaries, filters and reports do
+not care where a decision came from.
 
 * Decision log lines (``schemaVersion`` present) are taken as they are.
 * ``audit.k8s.io/v1`` ``Event`` lines (the API server's ``--audit-log-path`` log backend
@@ -31,19 +32,18 @@ import io
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Final
 
 import orjson
 
+from gpu_admission.auditlog.entry import BadLine, Entry, ReadStats
 from gpu_admission.auditlog.record import patch_paths
 
 DEFAULT_WEBHOOK_DOMAIN: Final = "gpu-admission.io"
 STDIN: Final = "-"
 GZIP_MAGIC: Final = b"\x1f\x8b"
-BAD_SAMPLES: Final = 20  # bad lines kept with their location; the rest are only counted
 
 AUDIT_API_VERSION: Final = "audit.k8s.io/v1"
 MUTATION_KEY: Final = "mutation.webhook.admission.k8s.io/"
@@ -58,52 +58,6 @@ VERB_OPERATION: Final = {"create": "CREATE", "update": "UPDATE", "patch": "UPDAT
 
 class InputError(Exception):
     """An input that cannot be read at all (missing file, glob without matches)."""
-
-
-@dataclass(frozen=True, slots=True)
-class BadLine:
-    """A line that could not be used, and why."""
-
-    source: str
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.source}:{self.line}: {self.reason}"
-
-
-@dataclass(slots=True)
-class ReadStats:
-    """Counters kept while reading (constant size: only ``BAD_SAMPLES`` lines are kept)."""
-
-    files: int = 0
-    lines: int = 0
-    records: int = 0  # decisions produced (an Event can give 0..n)
-    events_skipped: int = 0  # audit Events without annotations of our webhooks
-    bad: int = 0
-    bad_samples: list[BadLine] = field(default_factory=list)
-
-    def add_bad(self, source: str, line: int, reason: str) -> BadLine:
-        self.bad += 1
-        bad = BadLine(source, line, reason)
-        if len(self.bad_samples) < BAD_SAMPLES:
-            self.bad_samples.append(bad)
-        return bad
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"files": self.files, "lines": self.lines, "records": self.records,
-                "eventsSkipped": self.events_skipped, "badLines": self.bad,
-                "badSamples": [str(b) for b in self.bad_samples]}
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One decision, with where it came from."""
-
-    time: datetime
-    record: dict[str, Any]
-    source: str
-    line: int
 
 
 class RecordError(ValueError):

@@ -18,8 +18,8 @@ from string import Template
 from typing import Final
 
 from gpu_admission import __version__
+from gpu_admission.auditlog.entry import ReadStats
 from gpu_admission.auditlog.query import Summary, Tally
-from gpu_admission.auditlog.reader import ReadStats
 
 # Colour-blind-safe-ish palette (Okabe-Ito); the first two are fixed meanings.
 DENIED_COLOR: Final = "#c62828"

@@ -22,7 +22,7 @@ from gpu_admission.policy.model import Policy, PolicyError, default_policy, load
 from .compiler import CompileFailure, compile_policy, webhook_policy
 from .guard import DIGEST_ANNOTATION, compile_guard, guard_digest, render_guard
 from .render import dump, render
-from .units import WebhookOnly
+from .rules import WebhookOnly
 
 WEBHOOK_NAMESPACE = "gpu-admission"
 WEBHOOK_LABELS = {"app.kubernetes.io/name": "gpu-admission",

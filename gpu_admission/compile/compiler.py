@@ -13,7 +13,7 @@ Why this shape (facts: ``shared/reference/admission-policy-cel.md``):
 * The webhook never patches a pod it denies; a MAP cannot deny, so its patch is ``[]`` when an
   enforce-mode rule is violated, and the deny policy rejects the unchanged pod.
 * Every expression is computed from the same variables (the engine's analysis, then one
-  compiler unit per rule, :mod:`gpu_admission.compile.units`); each object carries only the
+  compiler unit per rule, :mod:`gpu_admission.compile.rules`); each object carries only the
   variables its expressions use.
 * Scope is the shipped webhook configurations': opted-in namespaces
   (``gpu-admission.io/enabled=true``), never ``kube-system``/``gpu-admission``, nor the
@@ -36,17 +36,8 @@ from gpu_admission.policy.model import RULE_IDS, Policy
 from gpu_admission.vocab import CUDA_VERSION_LABEL, MUTATED_ANNOTATION, NAMESPACE_OPT_IN_LABEL
 
 from .cel import concat, lit, rec, var
-from .units import (
-    UNITS,
-    WEBHOOK_ONLY,
-    CompileError,
-    Program,
-    Var,
-    WebhookOnly,
-    affinity_ops,
-    analysis,
-    unit_for,
-)
+from .rules import UNITS, WEBHOOK_ONLY, WebhookOnly, unit_for
+from .units import CompileError, Program, Var, affinity_ops, analysis
 
 GROUP = "admissionregistration.k8s.io/v1"
 DOMAIN = "gpu-admission.io"
@@ -128,7 +119,7 @@ def _match_constraints(policy: Policy, operations: list[str]) -> dict[str, Any]:
 
 
 def match_conditions(policy: Policy) -> list[dict[str, str]]:
-    """The policy's exempt users and groups (engine._exemption) as matchConditions."""
+    """The policy's exempt users and groups (engine.exemption) as matchConditions."""
     out = []
     users = policy.spec.exemptions.users
     groups = policy.spec.exemptions.groups
@@ -163,7 +154,7 @@ def build_program(policy: Policy, *, partial: bool
             stays[rule] = WEBHOOK_ONLY[rule]
         elif unit_for(rule) is None:
             stays[rule] = WebhookOnly(f"spec.rules.{rule}", "no compiler unit for this rule "
-                                      "(gpu_admission/compile/units.py)", None)
+                                      "(gpu_admission/compile/rules/)", None)
     for unit in UNITS:
         if any(rule in stays for rule in unit.ids):
             continue

@@ -265,8 +265,10 @@ class Outcome:
     denial: str = ""  # the API server's denial message ("" when allowed)
 
 
-def _activation(pod: Any, facts: RequestFacts, namespace_labels: Mapping[str, str],
+def activation_of(pod: Any, facts: RequestFacts, namespace_labels: Mapping[str, str],
                 ) -> dict[str, Any]:
+    """The variables the API server binds for a policy on ``pod`` (``object``, ``request``,
+    ``namespaceObject``, ...); public: :mod:`.offline` evaluates the same expressions."""
     request = {"operation": facts.operation, "namespace": facts.namespace,
                "kind": {"group": "", "version": "v1", "kind": "Pod"},
                "resource": {"group": "", "version": "v1", "resource": "pods"},
@@ -379,8 +381,8 @@ def _exemption(reason: str, facts: RequestFacts, objects: Sequence[Mapping[str, 
             for condition in spec.get("matchConditions") or []:
                 if condition["name"] == reason:
                     for group in facts.groups:
-                        act = _activation({}, RequestFacts(facts.namespace, user=facts.user,
-                                                           groups=(group,)), {})
+                        act = activation_of({}, RequestFacts(facts.namespace, user=facts.user,
+                                                          groups=(group,)), {})
                         if not bool(run(condition["expression"], act)):
                             return f"group {group}"
     return reason
@@ -403,7 +405,7 @@ def admit(objects: Sequence[Mapping[str, Any]], pod: dict[str, Any], facts: Requ
     labels = namespace_labels(facts.namespace) if labels is None else labels
     policies = [o for o in objects if o["kind"].endswith("AdmissionPolicy")]
     bindings = {o["spec"]["policyName"]: o for o in objects if o["kind"].endswith("Binding")}
-    activation = _activation(pod, facts, labels)
+    activation = activation_of(pod, facts, labels)
     audit = next((o for o in policies if "auditAnnotations" in o["spec"]), None)
     facts_view: dict[str, Any] = {}
     before: dict[str, Any] = {}  # expression -> value on the pod as received
@@ -446,7 +448,7 @@ def admit(objects: Sequence[Mapping[str, Any]], pod: dict[str, Any], facts: Requ
             patch.extend(ops)
             if ops:
                 mutated = apply_ops(mutated, ops)
-    after = _activation(mutated, facts, labels) if patch else activation
+    after = activation_of(mutated, facts, labels) if patch else activation
     cache: dict[str, Any] = before if not patch else {}
     allowed = True
     warnings: list[str] = []

@@ -54,7 +54,8 @@ from .compiler import (
     needed_variables,
     short_warning_cel,
 )
-from .units import GuardUnit, Program
+from .rules.gpu_access import GuardUnit
+from .units import Program
 
 GUARD_RULES = (gpu_access.ISOLATION, gpu_access.VISIBLE_DEVICES, gpu_access.DEVICE_HOSTPATH)
 MAP_NAME = f"guard.{DOMAIN}"

@@ -18,7 +18,7 @@ from gpu_admission.engine import evaluate as evaluate_pod
 from gpu_admission.policy.model import Policy
 
 from .compiler import Compiled, compile_policy
-from .evaluator import CelError, _activation, admit, namespace_labels, run
+from .evaluator import CelError, activation_of, admit, namespace_labels, run
 
 ERROR_RULE = "compiled-policy-error"
 
@@ -75,7 +75,7 @@ class CompiledEvaluator:
 
     def for_webhook(self, pod: dict[str, Any], facts: RequestFacts) -> bool:
         """Is this a pod the compiled policies leave to the webhook?"""
-        act = _activation(pod, facts, namespace_labels(facts.namespace))
+        act = activation_of(pod, facts, namespace_labels(facts.namespace))
         return any(not bool(run(expr, act)) for expr in self._webhook)
 
     def decide(self, pod: dict[str, Any], facts: RequestFacts,

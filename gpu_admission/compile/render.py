@@ -15,7 +15,7 @@ import yaml
 
 from gpu_admission.policy.model import Policy
 
-from .units import WebhookOnly
+from .rules import WebhookOnly
 
 
 class _Dumper(yaml.SafeDumper):

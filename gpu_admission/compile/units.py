@@ -1,7 +1,9 @@
-"""The policy, rule by rule, as CEL: one compiler unit per engine rule, plus the shared analysis.
+"""What the compiler units share: the :class:`Program` they write into, the :class:`Unit`
+protocol, and the engine's analysis as CEL variables. The units themselves, one per engine rule
+module and under its name, are :mod:`gpu_admission.compile.rules`.
 
 Each unit mirrors one rule module of :mod:`gpu_admission.rules` (read its docstring for *why*
-the rule exists; this module only says *how* it is written in CEL). A unit contributes
+the rule exists; the unit only says *how* it is written in CEL). A unit contributes
 
 * ``variables``: named CEL expressions (``variables.<name>`` in Kubernetes admission policies),
   evaluated on the Pod (``object``) and the request;
@@ -31,34 +33,13 @@ from typing import Any, Protocol
 import yaml
 
 from gpu_admission.cuda import parse_repository
-from gpu_admission.decision import Mode
-from gpu_admission.dra.analysis import DEVICECLASS_RESOURCE_PREFIX
 from gpu_admission.engine import BATCH_JOB_API_VERSIONS
 from gpu_admission.policy.model import Policy
 from gpu_admission.rules import (
-    cuda_routing,
-    gpu_access,
-    memory,
-    other_systems,
-    scheduler,
     training,
-)
-from gpu_admission.rules.memory import format_fraction
-from gpu_admission.sharing_systems import (
-    HAMI,
-    HAMI_CORES,
-    HAMI_MEMORY,
-    HAMI_MEMORY_PERCENT,
-    HAMI_RESOURCES,
-    KAI,
-    KAI_ANNOTATIONS,
-    KAI_FRACTION,
-    KAI_MEMORY,
-    SYSTEM_NAMES,
 )
 from gpu_admission.vocab import (
     CUDA_VERSION_LABEL,
-    DEFAULT_SCHEDULER,
     GFD_CUDA_RUNTIME_MAJOR,
     GFD_CUDA_RUNTIME_MINOR,
     GFD_PRODUCT,
@@ -72,7 +53,7 @@ from gpu_admission.vocab import (
     WORKLOAD_LABEL,
 )
 
-from .cel import concat, glob_to_re2, has_path, lit, norm_version, pyrepr, rec, srec, trunc, var
+from .cel import concat, glob_to_re2, has_path, lit, norm_version, rec, srec, var
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 REQ_PTR = "/spec/affinity/nodeAffinity/" + REQUIRED
@@ -150,7 +131,7 @@ def _gpu_names(c: str) -> str:
             f"&& !(({has_req}) && {nonzero_req})).sort() : [])")
 
 
-def _gpu_count(g: str) -> str:
+def gpu_count(g: str) -> str:
     """``GpuContainer.gpu_count``: sum of the quantities (non-integers count 1), at least 1."""
     c = f"{g}.c"
     lim = f"{c}.resources.limits"
@@ -161,7 +142,8 @@ def _gpu_count(g: str) -> str:
     return f"({total} > 1 ? {total} : 1)"
 
 
-def _path(g: str) -> str:
+def container_path(g: str) -> str:
+    """CEL for a GPU container's path, ``spec.containers[0]``, as the engine's messages name it."""
     return f'"spec." + {g}.kind + "[" + string({g}.index) + "]"'
 
 
@@ -203,7 +185,7 @@ def analysis(policy: Policy, prog: Program) -> None:
              (by_prefix, '"training"', f'"label " + {first_prefix}')]
     chain += [(f"{lit(key)} in {labels}", '"notebook"', lit(f"label {key}"))
               for key in compiled.notebook_labels]
-    if compiled.batch_job_workload is not None:  # engine._classify: a batch/v1 Job owner
+    if compiled.batch_job_workload is not None:  # engine.classify: a batch/v1 Job owner
         is_job = f'r.kind == "Job" && r.apiVersion in {lit(list(BATCH_JOB_API_VERSIONS))}'
         first_job = f"{owners}.filter(r, {is_job})[0]"
         chain.append((f"has({owners}) && {owners}.exists(r, {is_job})",
@@ -215,7 +197,7 @@ def analysis(policy: Policy, prog: Program) -> None:
     for cond, value, why in reversed(chain):
         workload = f"{cond}\n  ? {value}\n  : {workload or lit(default)}"
         reason = f"{cond}\n  ? {why}\n  : {reason or lit('default')}"
-    prog.add("workload", workload, "engine._classify: label, training owner kinds, "
+    prog.add("workload", workload, "engine.classify: label, training owner kinds, "
              "training label prefixes, notebook labels, else the policy default")
     prog.add("workloadReason", reason)
     _cuda_analysis(policy, prog)
@@ -408,7 +390,7 @@ def _cuda_analysis(policy: Policy, prog: Program) -> None:
     prog.add("cudaSource",
              f"{var('cudaLabelValid')} ? {lit('label ' + CUDA_VERSION_LABEL)}\n"
              f"  : size({var('cudaVersions')}) == 1 ? \"image \" + {var('imgImage')}[{first_i}] "
-             f"+ \" (\" + {_path(f'{gpu}[{first_i}]')} + \")\" : \"\"")
+             f"+ \" (\" + {container_path(f'{gpu}[{first_i}]')} + \")\" : \"\"")
     prog.add("cudaConflict", f"!{var('cudaLabelValid')} && size({var('cudaVersions')}) > 1")
 
 
@@ -481,7 +463,7 @@ def _shared_reasons(prog: Program) -> None:
                    f".filter(v, v in {lit(list(SHARED_STRATEGIES))}) + "
                    f"{_term_values(var('terms') + '[i]', GFD_PRODUCT)}"
                    f".filter(v, v.endsWith({lit(SHARED_PRODUCT_SUFFIX)})))")
-    resource = srec(path=_path("g") + ' + ".resources"',
+    resource = srec(path=container_path("g") + ' + ".resources"',
                     why=f'"resource " + g.names.filter(n, {shared})[0]')
     by_strategy = srec(path=lit(f"spec.nodeSelector[{GFD_SHARING_STRATEGY}]"),
                        why=f"{lit(GFD_SHARING_STRATEGY + '=')} + {ns}[{strat}]")
@@ -505,444 +487,6 @@ def _shared_reasons(prog: Program) -> None:
     prog.add("sharedReasons", concat(parts),
              "engine._shared_reasons: .shared resources, GFD labels in the nodeSelector or in "
              "a required term, a time-sliced/MPS pool")
-
-
-# ---------------------------------------------------------------------------- units
-class WorkloadLabelUnit:
-    ids: tuple[str, ...] = ("workload-label",)
-
-    def emit(self, policy: Policy, prog: Program) -> None:
-        labels = var("labels")
-        wl = lit(WORKLOAD_LABEL)
-        bad = f"{wl} in {labels} && !({labels}[{wl}] in {lit(list(WORKLOAD_CLASSES))})"
-        value = f"{labels}[{wl}]"
-        message = (f'"unknown workload " + {pyrepr(trunc(value, 20))} + '
-                   f'{lit("; use one of " + ", ".join(WORKLOAD_CLASSES) + " (classified as ")}'
-                   f' + {var("workload")} + ")"')
-        prog.violations.append(
-            f"{var('isGpu')} && {bad} ? "
-            f"[{violation('workload-label', lit(f'metadata.labels[{WORKLOAD_LABEL}]'), message)}]"
-            " : []")
-
-
-class TrainingUnit:
-    ids: tuple[str, ...] = (training.RULE,)
-
-    def emit(self, policy: Policy, prog: Program) -> None:
-        text = ("; time-slicing makes each training job ~3x slower. Request nvidia.com/gpu on a "
-                "dedicated node pool (sharing none) or MIG, or label the pod "
-                "gpu-admission.io/workload=inference if it only serves")
-        message = f'"training pod targets a time-sliced GPU (" + r.why + ")" + {lit(text)}'
-        prog.violations.append(
-            f"{var('isGpu')} && {var('workload')} == \"training\" ? "
-            f"{var('sharedReasons')}.map(r, {violation(training.RULE, 'r.path', message)}) : []")
-        prog.add("protect", f'{var("isGpu")} && {var("workload")} == "training" && '
-                            f'size({var("sharedReasons")}) == 0',
-                 "training on plain nvidia.com/gpu: add the training-protection requirement")
-
-
-class SchedulerUnit:
-    ids: tuple[str, ...] = (scheduler.RULE,)
-
-    def emit(self, policy: Policy, prog: Program) -> None:
-        target = policy.spec.scheduler_name
-        if not target:
-            prog.add("schedulerOp", "false", "spec.schedulerName is null: rule off")
-            return
-        cur = var("schedulerCurrent")
-        prog.add("schedulerCurrent",
-                 'has(object.spec.schedulerName) ? object.spec.schedulerName : ""')
-        prog.add("schedulerApplies", f'{var("isGpu")} && !(has(object.spec.nodeName) && '
-                                     'object.spec.nodeName != "")',
-                 "a pod with nodeName bypasses scheduling and is left alone")
-        message = (f'"keeps scheduler " + {pyrepr(trunc(cur, 40))} + '
-                   f'{lit(f", not {target!r} (GPU packing off)")}')
-        prog.violations.append(
-            f'{var("schedulerApplies")} && !({cur} in ["", {lit(DEFAULT_SCHEDULER)}]) && '
-            f"{cur} != {lit(target)} ? "
-            f"[{violation(scheduler.RULE, lit('spec.schedulerName'), message)}] : []")
-        prog.add("schedulerOp", f'{var("schedulerApplies")} && {cur} in ["", '
-                                f'{lit(DEFAULT_SCHEDULER)}] && {cur} != {lit(target)}')
-
-
-class CudaUnit:
-    ids: tuple[str, ...] = (cuda_routing.CONFLICT, cuda_routing.SELECTOR_CONFLICT,
-                            cuda_routing.UNKNOWN)
-
-    def emit(self, policy: Policy, prog: Program) -> None:
-        routing = policy.spec.cuda_routing
-        gpu = var("gpu")
-        version = var("cudaVersion")
-        source = var("cudaSource")
-        ns = var("nodeSelector")
-        cl = lit(CUDA_VERSION_LABEL)
-        labels = var("labels")
-        paths = (f"lists.range(size({gpu})).filter(i, {var('imgCuda')}[i] == v)"
-                 f".map(i, {_path(gpu + '[i]')}).join(\", \")")
-        tail = ("); pods sharing a GPU must use one CUDA version: align the images or set the "
-                f"label {CUDA_VERSION_LABEL}")
-        conflict_msg = (f'"containers disagree on the CUDA version (" + '
-                        f'{var("cudaVersions")}.map(v, v + " in " + {paths}).join("; ") + '
-                        f"{lit(tail)}")
-        conflict = (f"[{violation(cuda_routing.CONFLICT, lit('spec.containers'), conflict_msg)}]")
-        relevant = f'({var("workload")} != "training" || {lit(routing.driver_affinity)})'
-        invalid = f"{cl} in {labels} && !{var('cudaLabelValid')}"
-        no_label = (f"CUDA version unknown; set label {CUDA_VERSION_LABEL}; not routed to a "
-                    "CUDA pool")
-        unknown_msg = (f"{invalid} ? {lit(f'label {CUDA_VERSION_LABEL}=')} + "
-                       f"{pyrepr(trunc(f'{labels}[{cl}]', 12))} + "
-                       f"{lit(' is not <major>.<minor>; not routed to a CUDA pool')} : "
-                       f"{lit(no_label)}")
-        label_path = lit(f"metadata.labels[{CUDA_VERSION_LABEL}]")
-        unknown = (f"{relevant} && !({cl} in {ns}) ? "
-                   f"[{violation(cuda_routing.UNKNOWN, label_path, unknown_msg)}] : []")
-        prog.add("cudaPinnedConflict", f"{cl} in {ns} && {ns}[{cl}] != {version}")
-        pinned_path = lit(f"spec.nodeSelector[{CUDA_VERSION_LABEL}]")
-        pinned_msg = (f'"nodeSelector asks for CUDA " + {trunc(f"{ns}[{cl}]", 12)} + '
-                      f'" but the pod uses CUDA " + {version} + " (" + {source} + '
-                      f'"); fix the selector or the image"')
-        prog.add("cudaAffinityExcludes",
-                 f"size({var('terms')}) > 0 && {var('terms')}.all(t, has(t.matchExpressions) && "
-                 f"t.matchExpressions.exists(e, e.key == {cl} && e.operator == \"In\" && "
-                 f"has(e.values) && !({version} in e.values)))")
-        affinity_msg = (f'"required node affinity excludes CUDA " + {version} + " (" + '
-                        f'{source} + "); fix the affinity or the image"')
-        prog.add("cudaPoolConflict", f'{var("poolCuda")} != "" && {var("poolCuda")} != {version}')
-        pool_msg = (f"\"pod targets pool '\" + {var('pool')} + \"' (CUDA \" + {var('poolCuda')} + "
-                    f'") but uses CUDA " + {version} + " (" + {source} + ")"')
-        rule = cuda_routing.SELECTOR_CONFLICT
-        known = concat([
-            f"{var('cudaPinnedConflict')} ? [{violation(rule, pinned_path, pinned_msg)}] : []",
-            f"{var('cudaAffinityExcludes')} ? "
-            f"[{violation(rule, lit('spec.affinity.nodeAffinity'), affinity_msg)}] : []",
-            f"{var('cudaPoolConflict')} ? "
-            f"[{violation(rule, lit('spec.nodeSelector'), pool_msg)}] : []",
-        ])
-        prog.violations.append(
-            f"!{var('isGpu')} ? []\n  : {var('cudaConflict')} ? {conflict}\n"
-            f'  : {version} == "" ? ({unknown})\n  : {known}')
-        ok = (f'{var("isGpu")} && !{var("cudaConflict")} && {version} != "" && '
-              f'!{var("cudaPinnedConflict")} && !{var("cudaAffinityExcludes")} && '
-              f'!{var("cudaPoolConflict")}')
-        prog.add("cudaOk", ok, "a known CUDA version and nothing contradicts it")
-        prog.add("nodeSelectorOp",
-                 f'{var("cudaOk")} && {lit(routing.node_selector)} && '
-                 f'{var("workload")} != "training" && !({cl} in {ns})')
-        prog.add("driverOn", f'{var("cudaOk")} && {lit(routing.driver_affinity)}',
-                 "spec.cudaRouting.driverAffinity: driver CUDA >= the pod's CUDA")
-
-
-def _wanted(policy: Policy) -> list[tuple[str, str, str, str]]:
-    """(env name, CEL value, CEL check -> "ok"|"exceeds"|"invalid" over ``v``, CEL expected
-    text) of memory._wanted, with the pool-dependent numbers read from variables."""
-    env = policy.spec.memory_limits.env
-    mem = var("memMiB")
-    frac_text = var("fractionText")
-    out: list[tuple[str, str, str, str]] = []
-    t = "v.trim()"
-    int_re = "'^[+-]?[0-9]+(_[0-9]+)*$'"
-    sig = f"{t}.replace(\"_\", \"\").find('[1-9][0-9]*$')"
-    int_check = (f"!{t}.matches({int_re}) ? \"invalid\"\n"
-                 f"  : size({sig}) > 15 ? \"exceeds\"\n"
-                 f"  : int({t}.replace(\"_\", \"\")) > 0 && int({t}.replace(\"_\", \"\")) <= "
-                 f'{mem} ? "ok" : "exceeds"')
-    if env.nvidia_mem_limit_mb:
-        out.append((memory.NVIDIA_MEM_LIMIT_MB, f"string({mem})", int_check,
-                    f'"<= " + string({mem}) + " (MiB)"'))
-    float_re = _FLOAT_RE
-    low = f"{t}.lowerAscii()"
-    frac_check = (f"{low}.matches('^[+-]?(inf|infinity)$') ? \"exceeds\"\n"
-                  f"  : {low}.matches('^[+-]?nan$') ? \"invalid\"\n"
-                  f"  : !{t}.matches({float_re}) ? \"invalid\"\n"
-                  f"  : v in {var('largeFractions')} ? \"exceeds\"\n"
-                  f"  : double({t}.replace(\"_\", \"\")) > 0.0 && "
-                  f"double({t}.replace(\"_\", \"\")) <= {var('fractionMax')}\n"
-                  '    ? "ok" : "exceeds"')
-    if env.gpu_memory_fraction:
-        out.append((memory.GPU_MEMORY_FRACTION, frac_text, frac_check, f'"<= " + {frac_text}'))
-    if env.jax_mem_fraction:
-        for name in (memory.XLA_CLIENT_MEM_FRACTION, memory.XLA_PYTHON_CLIENT_MEM_FRACTION):
-            out.append((name, frac_text, frac_check, f'"<= " + {frac_text}'))
-    if env.tf_allow_growth:
-        out.append((memory.TF_FORCE_GPU_ALLOW_GROWTH, '"true"',
-                    f'{low} == "true" ? "ok" : "exceeds"', '"true"'))
-    return out
-
-
-def _at_least_ten() -> str:
-    """|v| >= 10, decided on the text of a number ``float_re`` accepted, for ``v`` bound.
-
-    Why: cel-go's ``double()`` is ``strconv.ParseFloat``, which fails on a value beyond the
-    double range (``1e400``, 400 digits): a run-time error, so a denial under
-    ``failurePolicy: Fail`` even in warn or audit mode, where the webhook (Python ``float``:
-    ``inf``) only reports "exceeds". A fraction limit is at most 1, so every value of 10 or more
-    exceeds it, and below 10 ``double()`` cannot overflow. The decimal magnitude of
-    ``<int>.<frac>e<exp>`` is (significant integer digits - 1) + exp, or, without integer
-    digits, exp - (leading zeros of frac) - 1; an exponent of more than 7 digits is decided
-    without ``int()`` (it would overflow): huge means >= 10, tiny means 0 (both "exceeds").
-    Used by the ``largeFractions`` variable, not inline: nested in ``memEnv`` it would push
-    that expression past cel-cpp's parser depth (tests/compile/test_cel_cpp_typecheck.py)."""
-    s = 'n.split("e")'
-    mant_int = f'{s}[0].split(".")[0]'
-    frac = f'{s}[0].split(".")[1]'
-    sig = "find('[1-9][0-9]*$')"
-    magnitude = (f"(size({mant_int}.{sig}) >= 1 ? size({mant_int}.{sig}) - 1\n"
-                 f'      : (size({s}[0].split(".")) > 1 ? size({frac}.{sig}) - size({frac}) : 0)'
-                 " - 1)\n"
-                 f"    + (size({s}) > 1 ? int({s}[1]) : 0) >= 1")
-    return (f'[v.trim().replace("_", "").lowerAscii()].map(n,\n'
-            f"    size({s}) > 1 && size({s}[1].{sig}) > 7 ? true\n"
-            f"    : {magnitude})[0]")
-
-
-_AT_LEAST_TEN = _at_least_ten()
-_DIGITS = "[0-9](_?[0-9])*"
-_FLOAT_RE = f"'^[+-]?({_DIGITS}(\\\\.({_DIGITS})?)?|\\\\.{_DIGITS})([eE][+-]?{_DIGITS})?$'"
-
-
-_MPS_RE = ("'(?i)^\\\\s*[0-9]+\\\\s*=\\\\s*[0-9]+(\\\\.[0-9]+)?\\\\s*[kmgt]?(i?b)?\\\\s*$'")
-
-
-def _mps_check() -> str:
-    """memory._mps_ok over ``v``: every non-blank ``<dev>=<size>`` entry within the limit."""
-    entries = 'v.split(",").filter(e, e.trim() != "")'
-    rhs = 'e.split("=")[1].trim()'
-    num = f"{rhs}.find('[0-9]+(\\\\.[0-9]+)?')"
-    unit = f"{rhs}.substring(size({num})).trim().lowerAscii()"
-    factor = ('{"k": 0.0009765625, "m": 1.0, "g": 1024.0, "t": 1048576.0, "": 1.0}'
-              f'[{unit}.matches("^[kmgt]") ? {unit}.substring(0, 1) : ""]')
-    mib = f"double({num}) * {factor}"
-    limit = f"double({var('memMiB')})"
-    # A size of more than 300 significant digits exceeds any limit and would overflow
-    # double() (a run-time error in cel-go, see _at_least_ten): decided on the text.
-    huge = f"size({num}.split(\".\")[0].find('[1-9][0-9]*$')) > 300"
-    bad = (f"{entries}.filter(e, !e.matches({_MPS_RE}) || ({huge} ? true\n"
-           f"  : !({mib} > 0.0 && {mib} <= {limit})))")
-    return (f"size({entries}) == 0 ? \"invalid\"\n"
-            f"  : size({bad}) == 0 ? \"ok\"\n"
-            f"  : {bad}[0].matches({_MPS_RE}) ? \"exceeds\" : \"invalid\"")
-
-
-class MemoryUnit:
-    ids: tuple[str, ...] = (memory.LIMIT, memory.UNVERIFIABLE)
-
-    def emit(self, policy: Policy, prog: Program) -> None:
-        limits = policy.spec.memory_limits
-        pools = policy.compiled.pools
-        for pool in pools:
-            if pool.memory_mib >= MAX_SAFE_INT:
-                raise CompileError(memory.LIMIT, f"spec.nodePools[{pool.name}].memoryMiB",
-                                   f"{pool.memory_mib} MiB is beyond what the CEL int "
-                                   f"comparison is written for (< {MAX_SAFE_INT})")
-        if limits.default_memory_mib >= MAX_SAFE_INT:
-            raise CompileError(memory.LIMIT, "spec.memoryLimits.defaultMemoryMiB",
-                               f"beyond what the CEL int comparison is written for "
-                               f"(< {MAX_SAFE_INT})")
-
-        def per_pool(fn: Any, default: Any) -> str:
-            if not pools:
-                return lit(default)
-            values = {p.name: fn(p) for p in pools}
-            return (f'{var("pool")} in {lit(values)} ? {lit(values)}[{var("pool")}] : '
-                    f"{lit(default)}")
-
-        frac = limits.default_fraction
-        prog.add("memApplies", f'{var("isGpu")} && {var("workload")} != "training" && '
-                               f'!{var("mig")} && ({var("pool")} == "" || {var("poolShared")})',
-                 "memory.shares_a_gpu: not training, not MIG, pool unknown or time-shared")
-        prog.add("memMiB", per_pool(lambda p: p.memory_per_replica_mib, limits.default_memory_mib),
-                 "MiB per container: pool memoryMiB // replicasPerGPU, else the default")
-        prog.add("fractionText", per_pool(lambda p: format_fraction(1 / p.replicas_per_gpu),
-                                          format_fraction(frac)),
-                 "share of the card, rounded down to 3 decimals (a ratio, not %)")
-        prog.add("fractionMax", per_pool(lambda p: 1 / p.replicas_per_gpu + 1e-9, frac + 1e-9),
-                 "largest accepted fraction (the engine's 1e-9 tolerance included)")
-        prog.add("memSource", per_pool(lambda p: f"pool {p.name}", "policy default"))
-        mps = any(p.sharing == "mps" for p in pools) and limits.env.mps_pinned_mem_limit
-        prog.add("mps", f'{var("poolSharing")} == "mps" && {lit(limits.env.mps_pinned_mem_limit)}')
-        fractions = [n for n, on in ((memory.GPU_MEMORY_FRACTION, limits.env.gpu_memory_fraction),
-                                     (memory.XLA_CLIENT_MEM_FRACTION, limits.env.jax_mem_fraction),
-                                     (memory.XLA_PYTHON_CLIENT_MEM_FRACTION,
-                                      limits.env.jax_mem_fraction)) if on]
-        prog.add("largeFractions",
-                 f"{var('gpu')}.map(g, has(g.c.env) ? g.c.env.filter(e, has(e.name) && "
-                 f"e.name in {lit(fractions)} && has(e.value)).map(e, e.value) : []).flatten()"
-                 f".filter(v, v.trim().matches({_FLOAT_RE}) ? {_AT_LEAST_TEN} : false)",
-                 "fraction values of 10 or more, decided on the text (double() of 1e400 is a "
-                 "run-time error in cel-go)")
-        wanted = _wanted(policy)
-        if mps:
-            mem = var("memMiB")
-            wanted.append((memory.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
-                           f'lists.range({_gpu_count("g")}).map(d, string(d) + "=" + '
-                           f'string({mem}) + "M").join(",")',
-                           _mps_check(), f'"<= " + string({mem}) + "M per device"'))
-        gpu = var("gpu")
-        env = "env"  # bound below to the container's env list ([] when absent)
-        rows = []
-        for name, value, check, expected in wanted:
-            found = f"names.lastIndexOf({lit(name)})"  # names: the env entries' names
-            last = "at"  # bound below: the index of the last entry named `name`, or -1
-            entry = f"{env}[at]"
-            state = (f"{last} < 0 ? \"upsert\"\n"
-                     f"  : has({entry}.valueFrom) ? \"unverifiable\"\n"
-                     f"  : !(has({entry}.value) && {entry}.value.trim() != \"\") ? \"upsert\"\n"
-                     f"  : [{entry}.value].map(v, {check})[0]")
-            row = rec(name=lit(name), at=last, value=value, expected=expected, state=state,
-                      current=f'{last} >= 0 && has({entry}.value) ? {entry}.value : ""')
-            row = f"[{found}].map(at, {row})[0]"
-            if name == memory.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:
-                row = f"{var('mps')} ? [{row}] : []"
-            else:
-                row = f"[{row}]"
-            rows.append(row)
-        prog.add("memEnv",
-                 f"{var('memApplies')} ? {gpu}.map(g, [has(g.c.env) ? g.c.env : []].map(env, "
-                 f"[env.map(e, e.name)].map(names, {rec(g='g', env=concat(rows))})[0])[0]) : []",
-                 "per GPU container, per memory env var: where it is and what to do "
-                 "(upsert | ok | exceeds | invalid | unverifiable)")
-        src = var("memSource")
-        cur = pyrepr(trunc("w.current", 20))
-        message = (f'w.state == "unverifiable" ? w.name + " uses valueFrom; cannot check it is " '
-                   f"+ w.expected\n"
-                   f'  : w.state == "exceeds" ? w.name + "=" + {cur} + " exceeds the GPU memory '
-                   f'allowed on a shared GPU (" + {src} + "): must be " + w.expected\n'
-                   f'  : w.name + "=" + {cur} + " is not a valid value; expected " + w.expected '
-                   f'+ " (" + {src} + ")"')
-        rule = (f'w.state == "unverifiable" ? {lit(memory.UNVERIFIABLE)} : '
-                f"{lit(memory.LIMIT)}")
-        path = f'{_path("m.g")} + ".env[" + string(w.at) + "]"'
-        prog.violations.append(
-            f"{var('memEnv')}.map(m, m.env.filter(w, w.state in [\"unverifiable\", "
-            f"\"exceeds\", \"invalid\"]).map(w, {srec(rule=rule, path=path, message=message)}))"
-            ".flatten()")
-        ups = 'm.env.filter(w, w.state == "upsert")'
-        base = '"/spec/" + m.g.kind + "/" + string(m.g.index) + "/env"'
-        entry_value = srec(name="w.name", value="w.value")
-        whole_op = rec(op=lit("add"), path=base, value=f"{ups}.map(w, {entry_value})")
-        append_op = rec(op=lit("add"), path=f'{base} + "/-"', value=entry_value)
-        replace_op = rec(op=lit("replace"), path=f'{base} + "/" + string(w.at)',
-                         value=entry_value)
-        whole = f"[{whole_op}]"
-        each = f"{ups}.map(w, w.at < 0 ? {append_op} : {replace_op})"
-        prog.env_ops.append(
-            f"{var('memEnv')}.filter(m, {ups}.size() > 0).map(m, !has(m.g.c.env) ? {whole} "
-            f": {each}).flatten()")
-
-
-class GuardUnit:
-    """gpu_access.guard: no GPU without a GPU request (Pod CREATE only)."""
-
-    ids: tuple[str, ...] = (gpu_access.ISOLATION, gpu_access.VISIBLE_DEVICES,
-                            gpu_access.DEVICE_HOSTPATH)
-
-    def __init__(self, *, gpu: bool = True, modes: str | None = None) -> None:
-        """``gpu``: the pod may have GPU containers (the full compile; the guard half of
-        :mod:`gpu_admission.compile.guard` sees only pods without any). ``modes``: a CEL map
-        rule id -> mode to read the modes from at run time (the guard half, whose modes the
-        Helm chart fills in), instead of baking the policy's modes into the expressions."""
-        self.gpu = gpu
-        self.modes = modes
-
-    def emit(self, policy: Policy, prog: Program) -> None:
-        modes = policy.compiled.modes
-        env_name = lit(gpu_access.ENV)
-        records = []
-        for kind in ("containers", "initContainers"):
-            lst = var(kind) if self.gpu else f"object.spec.{kind}"
-            if not self.gpu:  # no analysis variables in the guard half
-                records.append(f"(has({lst}) ? lists.range(size({lst})).map(i, "
-                               f"{rec(kind=lit(kind), index='i', c=f'{lst}[i]')}) : [])")
-                continue
-            records.append(f"lists.range(size({lst})).map(i, "
-                           f"{rec(kind=lit(kind), index='i', c=f'{lst}[i]')})")
-        # kubectl debug: a pods/ephemeralcontainers UPDATE (the whole Pod) adds ephemeral
-        # containers; the ones the old pod had are immutable and not judged (engine._ephemeral).
-        eph_kind = gpu_access.EPHEMERAL_KIND
-        eph = f"object.spec.{eph_kind}"
-        old_names = (f"(has(oldObject.spec.{eph_kind}) ? oldObject.spec.{eph_kind}"
-                     ".map(c, c.name) : [])")
-        added = (f"(has({eph}) ? lists.range(size({eph})).filter(i, !({eph}[i].name in "
-                 f"{old_names})).map(i, {rec(kind=lit(eph_kind), index='i', c=f'{eph}[i]')}) "
-                 ": [])")
-        env = "env"  # bound below to the container's env list ([] when absent)
-        found = f"env.map(e, e.name).lastIndexOf({env_name})"
-        last = "at"  # bound below: the index of the last NVIDIA_VISIBLE_DEVICES entry, or -1
-        entry = f"{env}[at]"
-        keys = f'{var("gpu")}.map(g, g.kind + "/" + string(g.index))'
-        gpu_state = (f'a.kind != {lit(eph_kind)} && (a.kind + "/" + string(a.index)) in {keys} '
-                     f'? ({last} >= 0 ? "gpu-set" : "ok")\n  : ') if self.gpu else ""
-        state = (f'{gpu_state}{last} < 0 ? "isolate"\n'
-                 f'  : has({entry}.valueFrom) ? "valueFrom"\n'
-                 f'  : !(has({entry}.value) && {entry}.value.trim() != "") ? "isolate"\n'
-                 f'  : {entry}.value in {lit(sorted(gpu_access.NO_DEVICE_VALUES))} ? "ok" : "set"')
-        current = f'{last} >= 0 && has({entry}.value) ? {entry}.value : ""'
-        guard_record = rec(kind="a.kind", index="a.index", at=last, state=state,
-                           has_env="has(a.c.env)", value=current)
-        prog.add("ephemeral", f'request.subResource == {lit(gpu_access.EPHEMERAL_SUBRESOURCE)}',
-                 "kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the "
-                 "ephemeral containers it adds")
-        prog.add("guardContainers",
-                 f'{var("ephemeral")} ? {added}\n'
-                 f'  : request.operation == "CREATE" ? {concat(records)} : []',
-                 "the containers the guard judges: every container and init container on "
-                 "CREATE, the added ephemeral containers on a pods/ephemeralcontainers UPDATE")
-        prog.add("guardStates",
-                 f"{var('guardContainers')}.map(a, "
-                 f"[has(a.c.env) ? a.c.env : []].map(env, [{found}].map(at, "
-                 f"{guard_record})[0])[0])",
-                 "gpu_access.guard: every judged container's last NVIDIA_VISIBLE_DEVICES entry "
-                 "and what it means (ok | isolate | set | valueFrom | gpu-set)")
-        cpath = '"spec." + a.kind + "[" + string(a.index) + "]"'
-        epath = cpath + ' + ".env[" + string(a.at) + "]"'
-        gpu_set = (f"{gpu_access.ENV} is set in a container that requests a GPU; the device "
-                   f"plugin chooses its GPU: remove {gpu_access.ENV} from env")
-        tail = (" without a GPU request gives this container GPUs outside the scheduler's "
-                f"accounting; request nvidia.com/gpu, or set {gpu_access.ENV}=void")
-        shown = f'a.state == "valueFrom" ? "valueFrom" : {pyrepr(trunc("a.value", 40))}'
-        isolation = (f"no GPU request and no {gpu_access.ENV}=void: a CUDA image (which sets "
-                     f"{gpu_access.ENV}=all) would see every GPU of the node")
-        visible = gpu_access.VISIBLE_DEVICES
-        set_msg = f'{lit(gpu_access.ENV + "=")} + ({shown}) + {lit(tail)}'
-        items = [f'a.state == "gpu-set" ? [{violation(visible, epath, lit(gpu_set))}]',
-                 f'a.state in ["set", "valueFrom"] ? [{violation(visible, epath, set_msg)}]']
-        isolate = violation(gpu_access.ISOLATION, cpath, lit(isolation))
-        mutates = (f"{self.modes}[{lit(gpu_access.ISOLATION)}] == {lit(str(Mode.ENFORCE))}"
-                   if self.modes else "")
-        if self.modes:
-            items.append(f'a.state == "isolate" && !({mutates}) ? [{isolate}]')
-        elif modes[gpu_access.ISOLATION] is not Mode.ENFORCE:
-            items.append(f'a.state == "isolate" ? [{isolate}]')
-        per_container = " : ".join(items) + " : []"
-        device = "'^(?:" + gpu_access.DEVICE_PATH_PATTERN.replace("\\", "\\\\") + ")$'"
-        vols = "object.spec.volumes"
-        path = f"{vols}[i].hostPath.path"
-        exposes = (" exposes GPU device nodes (/dev/nvidia*, /dev/dri) outside the device "
-                   "plugin; request nvidia.com/gpu instead")
-        hostpath_msg = f'"hostPath " + {pyrepr(trunc(path, 40))} + {lit(exposes)}'
-        vol_path = '"spec.volumes[" + string(i) + "].hostPath.path"'
-        hostpaths = (f'request.operation == "CREATE" && has({vols}) ? lists.range(size({vols}))'
-                     f'.filter(i, {has_path(vols + "[i]", "hostPath", "path")} && {path} != "" '
-                     f"&& {path}.matches({device}))"
-                     f".map(i, {violation(gpu_access.DEVICE_HOSTPATH, vol_path, hostpath_msg)})"
-                     " : []")
-        prog.violations.append(prog.add(
-            "guardViolations",
-            f"{var('guardStates')}.map(a, {per_container}).flatten()\n  + ({hostpaths})",
-            "the guard's violations (gpu-visible-devices, gpu-device-hostpath, and "
-            "gpu-access-isolation outside enforce)"))
-        if self.modes or modes[gpu_access.ISOLATION] is Mode.ENFORCE:
-            value = srec(name=env_name, value=lit(gpu_access.VOID))
-            base = '"/spec/" + a.kind + "/" + string(a.index) + "/env"'
-            whole = rec(op=lit("add"), path=base, value=f"[{value}]")
-            append = rec(op=lit("add"), path=f'{base} + "/-"', value=value)
-            replace = rec(op=lit("replace"), path=f'{base} + "/" + string(a.at)', value=value)
-            prog.env_ops.append(prog.add(
-                "guardOps",
-                (f"!({mutates}) ? [] : " if self.modes else "")
-                + f'{var("guardStates")}.filter(a, a.state == "isolate").map(a, '
-                f"!a.has_env ? {whole}\n  : a.at < 0 ? {append}\n  : {replace})",
-                "the guard's NVIDIA_VISIBLE_DEVICES=void upserts"))
 
 
 def affinity_ops(policy: Policy, prog: Program) -> None:
@@ -1006,137 +550,3 @@ def affinity_ops(policy: Policy, prog: Program) -> None:
     prog.kinds.append((f"{var('affinityChange')}", "affinity"))
 
 
-def other_system_pods() -> str:
-    """engine._maybe_other: KAI's annotations, or a HAMi resource named in some container's
-    limits or requests (CEL over ``object``)."""
-    ann = "object.metadata.annotations"
-    kai = " || ".join(f"{lit(a)} in {ann}" for a in KAI_ANNOTATIONS)
-    per_kind = []
-    for kind in ("containers", "initContainers"):
-        lst = f"object.spec.{kind}"
-        names = " || ".join(
-            f"(has(c.resources.{key}) && c.resources.{key}.exists(k, k in "
-            f"{lit(list(HAMI_RESOURCES))}))" for key in ("limits", "requests"))
-        per_kind.append(f"(has({lst}) && {lst}.exists(c, has(c.resources) && ({names})))")
-    return f"(has({ann}) && ({kai})) || " + " || ".join(per_kind)
-
-
-class OtherSystemsUnit:
-    """rules/other_systems.py for a policy that declares no other sharing system: a pod that
-    asks KAI-Scheduler (annotations) or HAMi (resources) for its GPU is reported, naming
-    what to declare; the guard units still void/deny it as any pod without a GPU request.
-
-    A policy that declares systems keeps those pods with the webhook (``pods``: the compiled
-    policies skip them): their GPU containers, KAI's ConfigMap shape and the capped memory
-    variables are decided by the engine (docs/compile.md)."""
-
-    ids: tuple[str, ...] = (other_systems.RULE,)
-
-    def emit(self, policy: Policy, prog: Program) -> None:
-        if policy.spec.other_sharing_systems:
-            raise CompileError(other_systems.RULE, "spec.otherSharingSystems",
-                               "pods of a declared KAI-Scheduler/HAMi are GPU pods by their "
-                               "system's annotations and resources; the webhook decides them",
-                               other_system_pods())
-        ann = "object.metadata.annotations"
-        has_fraction = f"has({ann}) && {lit(KAI_FRACTION)} in {ann}"
-        kai_path = (f'{has_fraction} ? {lit(f"metadata.annotations[{KAI_FRACTION}]")} : '
-                    f'{lit(f"metadata.annotations[{KAI_MEMORY}]")}')
-        kai_value = f"({has_fraction} ? {ann}[{lit(KAI_FRACTION)}] : {ann}[{lit(KAI_MEMORY)}])"
-        kai_why = (f'"KAI-Scheduler annotation " + ({has_fraction} ? {lit(KAI_FRACTION)} : '
-                   f'{lit(KAI_MEMORY)}) + "=" + {trunc(kai_value, 20)}')
-        kai_ask = f"has({ann}) && ({' || '.join(f'{lit(a)} in {ann}' for a in KAI_ANNOTATIONS)})"
-
-        def value(c: str, name: str) -> str:
-            """The container's non-zero quantity of ``name`` as a string, limits over
-            requests ("" when neither), as sharing_systems.hami_resources merges them."""
-            out = '""'
-            for key in ("requests", "limits"):
-                values = f"{c}.resources.{key}"
-                ok = (f"{has_path(c, 'resources', key)} && {lit(name)} in {values} && "
-                      f"!(string({values}[{lit(name)}]) in [\"0\", \"\"])")
-                out = f"(({ok}) ? string({values}[{lit(name)}]) : {out})"
-            return out
-
-        records = []
-        for kind in ("containers", "initContainers"):
-            lst = var(kind)
-            mem, pct, cores = (value("c", n) for n in (HAMI_MEMORY, HAMI_MEMORY_PERCENT,
-                                                        HAMI_CORES))
-            path = f'{lit(f"spec.{kind}[")} + string(i) + {lit("].resources")}'
-            parts = (f'[{mem} != "" ? {lit(HAMI_MEMORY + "=")} + {mem} : {pct} != "" ? '
-                     f'{lit(HAMI_MEMORY_PERCENT + "=")} + {pct} : "", {cores} != "" ? '
-                     f'{lit(HAMI_CORES + "=")} + {cores} : ""].filter(p, p != "")')
-            records.append(
-                f"lists.range(size({lst})).map(i, [{lst}[i]].map(c, "
-                f"{rec(path=path, parts=parts)})[0])"
-                ".filter(r, size(r.parts) > 0)")
-        prog.add("hamiAsks", concat(records),
-                 "sharing_systems.analyse: containers with a non-zero HAMi resource")
-        hami_why = f'"HAMi vGPU " + string({var("hamiAsks")}[0].parts.join(", "))'
-        kai_msg = self._message(KAI, kai_why)
-        hami_msg = self._message(HAMI, hami_why)
-        rule = other_systems.RULE
-        prog.violations.append(
-            f'request.operation == "CREATE" || {var("isGpu")}\n'
-            f"  ? ({kai_ask} ? [{violation(rule, kai_path, kai_msg)}]\n"
-            f'     : size({var("hamiAsks")}) > 0 ? '
-            f'[{violation(rule, "string(" + var("hamiAsks") + "[0].path)", hami_msg)}] : [])\n'
-            "  : []")
-
-    @staticmethod
-    def _message(system: str, why: str) -> str:
-        """other_systems.undeclared_message with ``why`` a CEL string."""
-        head, tail = other_systems.undeclared_message(system, "\0").split("\0")
-        assert SYSTEM_NAMES[system] in head
-        return f"{lit(head)} + {why} + {lit(tail)}"
-
-
-# The engine's rule modules, in RULES order, and the unit that compiles each.
-UNITS: tuple[Unit, ...] = (WorkloadLabelUnit(), TrainingUnit(), SchedulerUnit(), CudaUnit(),
-                           MemoryUnit(), GuardUnit(), OtherSystemsUnit())
-
-
-@dataclass(frozen=True, slots=True)
-class WebhookOnly:
-    """A rule CEL admission cannot express: why, the policy field, and (CEL over ``object``)
-    which pods it concerns, so the compiled policies skip them and a webhook scoped to them
-    keeps the rule (``None``: every pod)."""
-
-    field: str
-    why: str
-    pods: str | None
-
-
-def _dra_pods() -> str:
-    """gpu_admission.dra.analysis.needs_analysis, without the cluster's extended-resource
-    names (those live in DeviceClasses, which CEL admission cannot read)."""
-    prefix = lit(DEVICECLASS_RESOURCE_PREFIX)
-    per_kind = []
-    for kind in ("containers", "initContainers"):
-        lst = f"object.spec.{kind}"
-        names = " || ".join(
-            f"(has(c.resources.{key}) && c.resources.{key}.exists(k, k.startsWith({prefix})))"
-            for key in ("limits", "requests"))
-        per_kind.append(f"(has({lst}) && {lst}.exists(c, has(c.resources) && ({names})))")
-    return ("(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) || "
-            + " || ".join(per_kind))
-
-
-_DRA_WHY = ("needs the webhook's cache of ResourceClaims, ResourceClaimTemplates and "
-            "DeviceClasses; CEL admission sees only the request and one params object")
-
-#: Rule ids that stay with the webhook (compile fails naming them unless --partial).
-WEBHOOK_ONLY: dict[str, WebhookOnly] = {
-    "dra-reference-unknown": WebhookOnly("spec.dra (pods with spec.resourceClaims)", _DRA_WHY,
-                                         _dra_pods()),
-    "dra-sharing-possible": WebhookOnly("spec.dra (pods with spec.resourceClaims)", _DRA_WHY,
-                                        _dra_pods()),
-}
-
-
-def unit_for(rule: str) -> Unit | None:
-    for unit in UNITS:
-        if rule in unit.ids:
-            return unit
-    return None

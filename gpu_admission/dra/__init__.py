@@ -7,5 +7,8 @@ Three layers, as everywhere in gpu-admission:
   and claim users the decision reads (plain dicts as the API serves them);
 * :mod:`gpu_admission.dra.analysis`: pure functions pod + snapshot -> :class:`DraPod`, and
   the second rule set for ResourceClaims/ResourceClaimTemplates themselves;
-* :mod:`gpu_admission.dra.cache`: the watch-backed cache the server keeps (the only I/O).
+* :mod:`gpu_admission.dra.offline`: the same snapshot built from files for ``evaluate``.
+
+All of it is pure (floor 1, README "How it is built"); the watch-backed cache the server
+keeps, the only DRA I/O, is :mod:`gpu_admission.kube.dra`.
 """

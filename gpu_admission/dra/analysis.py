@@ -31,10 +31,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
 from gpu_admission.dra.model import CLAIM, TEMPLATE, DraSnapshot, Key
+from gpu_admission.quantity import quantity_mib
 
 NVIDIA_DRIVER: Final = "gpu.nvidia.com"
 GPU_CLASS: Final = "gpu.nvidia.com"
@@ -44,18 +44,8 @@ DEVICECLASS_RESOURCE_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
 SHARING_KINDS: Final = frozenset({"GpuConfig", "MigDeviceConfig"})
 SHARED_STRATEGIES: Final = frozenset({"TimeSlicing", "MPS"})
 EXTENDED_RESOURCE_CLAIM_ANNOTATION: Final = "resource.kubernetes.io/extended-resource-claim"
-MiB: Final = 1024 * 1024  # bytes in a mebibyte
 
 _MIG_SELECTOR = re.compile(r"""\.type\s*==\s*['"]mig['"]""")
-# Kubernetes quantity (apimachinery resource.Quantity): number + binary/decimal suffix.
-_QUANTITY = re.compile(r"^\s*([+]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*"
-                       r"(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?\s*$")
-_SUFFIX: Final = {None: Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3,
-                  "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12,
-                  "P": Decimal(10) ** 15, "E": Decimal(10) ** 18, "Ki": Decimal(2) ** 10,
-                  "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
-                  "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60}
-
 
 @dataclass(frozen=True, slots=True)
 class SharedReason:
@@ -140,35 +130,6 @@ def _nvidia_sharing(config: Mapping[str, Any],
     if opaque.get("driver") == NVIDIA_DRIVER and params.get("kind") in kinds:
         return params
     return None
-
-
-def quantity_value(value: Any) -> Decimal | None:
-    """A Kubernetes quantity (``3k``, ``3000``, ``512Mi``) as a number; None when it is not
-    one. The API server sends quantities in canonical form (``3000`` becomes ``3k``)."""
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        return None
-    match = _QUANTITY.match(str(value))
-    if match is None:
-        return None
-    try:
-        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
-    except (InvalidOperation, ArithmeticError):
-        return None
-
-
-def quantity_mib(value: Any) -> int | None:
-    """A Kubernetes quantity (``10Gi``, ``512Mi``, ``8G``) in whole MiB, rounded down as the
-    NVIDIA driver does (``bytes/1024/1024``); None when it is not a positive quantity."""
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        return None
-    match = _QUANTITY.match(str(value))
-    if match is None:
-        return None
-    try:
-        mib = int(Decimal(match.group(1)) * _SUFFIX[match.group(2)] // MiB)
-    except (InvalidOperation, ArithmeticError):
-        return None
-    return mib if mib >= 1 else None
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from gpu_admission.dra.analysis import (
     sharing_findings,
 )
 from gpu_admission.dra.model import CLAIM, GROUP, TEMPLATE, DraSnapshot, normalize
-from gpu_admission.engine import _classify, _exemption, short_warning
+from gpu_admission.engine import classify, exemption, short_warning
 from gpu_admission.policy.model import Policy
 from gpu_admission.rules.dra import UNKNOWN
 from gpu_admission.rules.training import RULE as TRAINING_RULE
@@ -58,9 +58,9 @@ def evaluate_claim(obj: Mapping[str, Any], kind: str, facts: RequestFacts, polic
     if not findings and not unknown:
         return _ALLOWED
     labels = claim_object_labels(obj, kind)
-    workload, reason, _ = _classify(meta, labels, compiled,
-                                    policy.spec.classification.default_workload)
-    exempt = _exemption(facts, compiled)
+    workload, reason, _ = classify(meta, labels, compiled,
+                                   policy.spec.classification.default_workload)
+    exempt = exemption(facts, compiled)
     if exempt:
         return Decision(allowed=True, gpu=True, workload=workload, workload_reason=reason,
                         exempt=exempt)

@@ -6,7 +6,7 @@ by :func:`normalize` when the snapshot is built).
 Why a snapshot: at Pod CREATE the webhook sees only the pod spec; whether its GPU is shared
 lives in the template or claim it names and in the DeviceClass of each request
 (``shared/reference/dra-gpus.md`` §1.2). The server keeps these objects in a watch-backed cache
-(:mod:`gpu_admission.dra.cache`) and hands the engine an immutable snapshot, so the admission
+(:mod:`gpu_admission.kube.dra`) and hands the engine an immutable snapshot, so the admission
 path makes no API call; ``gpu-admission evaluate`` builds the same snapshot from files.
 API: https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/resource-claim-v1/
 """

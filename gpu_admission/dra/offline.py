@@ -75,13 +75,10 @@ class OfflineDra:
                 self._users.setdefault((ns, name), set()).update(keys)
         self._snapshot = None
 
-    def load_cluster(self, source: str) -> None:
-        """Add the DeviceClasses, templates, claims and claim users of a live cluster
-        (``source``: a kubeconfig path or ``in-cluster``): one list of each, read only.
-        Raises :class:`~gpu_admission.dra.model.DraSourceError` naming what failed."""
-        from gpu_admission.dra.cache import list_objects  # noqa: PLC0415 - kubernetes: slow
-
-        found = list_objects(source)
+    def load_cluster(self, found: Mapping[str, list[dict[str, Any]]]) -> None:
+        """Add the DeviceClasses, templates, claims and claim users of a live cluster, as
+        :func:`gpu_admission.kube.dra.list_objects` read them (one list of each kind and of
+        ``Pod``): the reading is I/O and stays in ``kube/``, so this module stays pure."""
         for kind in KINDS:
             self.objects[kind].extend(found[kind])
         for pod in found["Pod"]:

@@ -1,6 +1,7 @@
 """The ``gpu-aware-scheduler`` extender: kube-scheduler's extender/v1 protocol, GPU placement
 from dcgm-exporter metrics read through Prometheus (``gpu-admission extender``).
 
-Layers: :mod:`.gpustate` (Prometheus poller and parsing), :mod:`.placement` (pure decisions),
-:mod:`.app` (HTTP wire), :mod:`.cli` (command line). See docs/extender.md.
+Layers: :mod:`.gpustate` (Prometheus poller and parsing), :mod:`.binder` (the fractional GPUs'
+watch and bind), :mod:`.app` (HTTP wire), :mod:`.cli` (command line); the pure decisions they
+serve are :mod:`gpu_admission.placement`. See docs/extender.md.
 """

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -43,21 +43,27 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from structlog.typing import FilteringBoundLogger
 
 from gpu_admission.extender.binder import BindConfig, Binder, BindMetrics, KubeState
-from gpu_admission.extender.fractional import (
+from gpu_admission.extender.gpustate import (
+    METRICS,
+    Poller,
+    PollerConfig,
+    PollError,
+)
+from gpu_admission.kube.client import api_client
+from gpu_admission.placement.fractional import (
     filter_fractional,
     fractional_error,
     fractional_share,
     score_fractional,
 )
-from gpu_admission.extender.gpustate import METRICS, Poller, PollerConfig, PollError, Snapshot
-from gpu_admission.extender.placement import (
+from gpu_admission.placement.gpus import Snapshot
+from gpu_admission.placement.score import (
     FilterResult,
     filter_nodes,
     neutral_reason,
     pod_demand,
     score_nodes,
 )
-from gpu_admission.kube.client import api_client
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.server.logs import make_logger
 from gpu_admission.server.reload import FileWatcher, cancel_tasks
@@ -302,7 +308,13 @@ def _error(code: int, message: str) -> web.Response:
     return web.Response(status=code, body=orjson.dumps({"error": message}), content_type=JSON)
 
 
-async def _handle(request: web.Request, verb: str) -> web.Response:
+#: What a verb does with a request body once the frame has read it.
+Answer = Callable[[ExtenderState, bytes], Awaitable[web.Response]]
+
+
+async def _handle(request: web.Request, verb: str, answer: Answer) -> web.Response:
+    """The frame every verb shares: content type, body size, a clear 500 for a bug, metrics
+    and a log line for every refusal."""
     state = request.app[STATE]
     start = time.perf_counter()
     if request.content_type != JSON:
@@ -315,7 +327,7 @@ async def _handle(request: web.Request, verb: str) -> web.Response:
             response = _error(413, f"body is over {state.config.max_body_bytes} bytes")
         else:
             try:
-                response = decide(state, verb, body)
+                response = await answer(state, body)
             except Exception:  # a bug: logged with its traceback, a clear 500 to the caller
                 state.log.exception("request_failed", verb=verb)
                 response = _error(500, "internal error in gpu-admission extender; see its log")
@@ -390,40 +402,41 @@ def decide_fractional(state: ExtenderState, verb: str, args: ExtenderArgs,
 async def bind_handler(request: web.Request) -> web.Response:
     """``ExtenderBindingArgs`` -> ``ExtenderBindingResult``. A bind that fails answers 200
     with ``Error`` (kube-scheduler then forgets the pod's assumed placement and retries)."""
-    state = request.app[STATE]
-    start = time.perf_counter()
-    if request.content_type != JSON:
-        response = _error(415, f"Content-Type must be {JSON}, got "
-                               f"{request.headers.get('Content-Type', 'none')[:100]!r}")
+    return await _handle(request, BIND, _bind)
+
+
+async def _bind(state: ExtenderState, body: bytes) -> web.Response:
+    try:
+        args = decode_binding_args(body)
+    except ArgsError as exc:
+        return _error(400, str(exc))
+    if state.binder is None:
+        error = ("gpu-admission extender: the bind verb needs --kube (a kubeconfig or "
+                 "in-cluster) and --namespace; not bound")
     else:
         try:
-            args = decode_binding_args(await request.read())
-        except ArgsError as exc:
-            response = _error(400, str(exc))
-        else:
-            if state.binder is None:
-                error = ("gpu-admission extender: the bind verb needs --kube (a kubeconfig or "
-                         "in-cluster) and --namespace; not bound")
-            else:
-                try:
-                    error = await state.binder.bind(args.pod_namespace, args.pod_name,
-                                                    args.pod_uid, args.node)
-                except Exception:
-                    state.log.exception("bind_crashed", pod=f"{args.pod_namespace}/"
-                                        f"{args.pod_name}")
-                    error = "internal error in gpu-admission extender bind; see its log"
-            response = web.Response(body=orjson.dumps({"Error": error}), content_type=JSON)
-    state.metrics.requests.labels(BIND, str(response.status)).inc()
-    state.metrics.latency.labels(BIND).observe(time.perf_counter() - start)
-    return response
+            error = await state.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid,
+                                            args.node)
+        except Exception:
+            state.log.exception("bind_crashed", pod=f"{args.pod_namespace}/{args.pod_name}")
+            error = "internal error in gpu-admission extender bind; see its log"
+    return web.Response(body=orjson.dumps({"Error": error}), content_type=JSON)
+
+
+async def _filter(state: ExtenderState, body: bytes) -> web.Response:
+    return decide(state, "filter", body)
+
+
+async def _prioritize(state: ExtenderState, body: bytes) -> web.Response:
+    return decide(state, "prioritize", body)
 
 
 async def filter_handler(request: web.Request) -> web.Response:
-    return await _handle(request, "filter")
+    return await _handle(request, "filter", _filter)
 
 
 async def prioritize_handler(request: web.Request) -> web.Response:
-    return await _handle(request, "prioritize")
+    return await _handle(request, "prioritize", _prioritize)
 
 
 async def healthz(request: web.Request) -> web.Response:

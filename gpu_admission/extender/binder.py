@@ -1,13 +1,13 @@
 """The extender's ``bind`` verb and the Kubernetes state behind fractional GPUs (I/O).
 
-* :class:`KubeState` keeps the :class:`~gpu_admission.extender.ledger.Ledger` current from
+* :class:`KubeState` keeps the :class:`~gpu_admission.placement.ledger.Ledger` current from
   one list/watch (:mod:`gpu_admission.kube.watch`) of pods, our ConfigMaps and nodes. The
   ledger is rebuilt from those lists at every start, so a restarted or newly elected replica
   never hands out memory twice.
 * :meth:`Binder.bind` answers kube-scheduler's ``ExtenderBindingArgs`` (``PodName``,
   ``PodNamespace``, ``PodUID``, ``Node``; ``k8s.io/kube-scheduler/extender/v1/types.go``).
   For a fractional pod, under one lock: re-check fit on the ledger and choose the GPU
-  (:func:`gpu_admission.extender.fractional.choose`) and record the share; then, without the
+  (:func:`gpu_admission.placement.fractional.choose`) and record the share; then, without the
   lock: open the GPU if new (a reservation pod holding one whole ``nvidia.com/gpu``, waiting
   a bounded time for ``gpu-admission reserve`` to publish the UUID), write the pod's own
   ConfigMap with the UUID, and only then ``POST pods/{name}/binding``. Any failure undoes
@@ -43,7 +43,9 @@ from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from structlog.typing import FilteringBoundLogger
 
-from gpu_admission.extender.fractional import (
+from gpu_admission.kube import client as kube
+from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
+from gpu_admission.placement.fractional import (
     NEW_GPU,
     choose,
     fractional_error,
@@ -51,7 +53,7 @@ from gpu_admission.extender.fractional import (
     no_fit_reason,
     node_pool,
 )
-from gpu_admission.extender.ledger import (
+from gpu_admission.placement.ledger import (
     CONFIGMAP_LABEL,
     OPENING_PREFIX,
     Assignment,
@@ -60,8 +62,6 @@ from gpu_admission.extender.ledger import (
     configmap_entry,
     device_value,
 )
-from gpu_admission.kube import client as kube
-from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
 from gpu_admission.policy.model import Policy
 from gpu_admission.vocab import (
     GPU_CONFIGMAP_ANNOTATION,

@@ -45,13 +45,15 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
 import aiohttp
 import orjson
 from structlog.typing import FilteringBoundLogger
+
+from gpu_admission.placement.gpus import Gpu, Snapshot
 
 UTIL: Final = "DCGM_FI_DEV_GPU_UTIL"  # SM utilisation, %
 FB_USED: Final = "DCGM_FI_DEV_FB_USED"  # framebuffer used, MiB
@@ -63,39 +65,6 @@ POD_UID_LABEL: Final = "pod_uid"
 #: through a ServiceMonitor (``honor_labels: false`` renames clashing labels ``exported_*``)
 POD_LABELS: Final = ("namespace", "pod")
 EXPORTED_POD_LABELS: Final = ("exported_namespace", "exported_pod")
-
-
-@dataclass(frozen=True, slots=True)
-class Gpu:
-    """One physical GPU of a node, smoothed over the poll window."""
-
-    index: str  # dcgm-exporter "gpu" label, e.g. "2"
-    uuid: str  # "GPU-..."
-    model: str  # "modelName", e.g. "NVIDIA A100-SXM4-80GB"
-    util_percent: float  # SM utilisation, % (0..100)
-    fb_used_mib: float  # framebuffer used, MiB
-    fb_free_mib: float  # framebuffer free, MiB
-    #: distinct pods the exporter's labels show holding this GPU in the poll: the replicas
-    #: allocated on it with KUBERNETES_VIRTUAL_GPUS=true, else 0 or 1 (= at least one)
-    pods: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """What the last successful poll saw: node name -> its GPUs (sorted by index)."""
-
-    nodes: Mapping[str, tuple[Gpu, ...]]
-    taken_at: float  # Unix seconds of the poll
-    bad_values: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (metric, reason)
-    #: node scores per demand key, filled by :func:`gpu_admission.extender.placement.
-    #: score_nodes` (a pure function of this immutable snapshot, so it is computed once per
-    #: distinct demand and poll instead of once per pod)
-    score_memo: dict[Any, dict[str, int]] = field(default_factory=dict, compare=False,
-                                                  repr=False)
-
-    @property
-    def gpu_count(self) -> int:
-        return sum(len(g) for g in self.nodes.values())
 
 
 class PollError(Exception):

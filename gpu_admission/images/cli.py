@@ -90,12 +90,12 @@ def images_in_files(filenames: tuple[str, ...]) -> list[str]:
     """Images of the GPU containers of every Pod / pod template in the files (the images
     whose CUDA the webhook routes on), in order, without repeats."""
     from gpu_admission.engine import gpu_containers  # noqa: PLC0415 - only with -f
-    from gpu_admission.evaluate_cli import _read_documents  # noqa: PLC0415
+    from gpu_admission.manifests import read_documents  # noqa: PLC0415
     from gpu_admission.workloads import WorkloadError, pod_templates  # noqa: PLC0415
 
     found: dict[str, None] = {}
     for name in filenames:
-        for index, doc in enumerate(_read_documents(name), start=1):
+        for index, doc in enumerate(read_documents(name), start=1):
             try:
                 templates = pod_templates(doc)
             except WorkloadError as exc:

@@ -1,5 +1,5 @@
 """The one list/watch cache machinery (a client-go informer, reduced): every face that
-watches the API server uses it (the webhook's DRA cache, :mod:`gpu_admission.dra.cache`; the
+watches the API server uses it (the webhook's DRA cache, :mod:`gpu_admission.kube.dra`; the
 extender's GPU ledger, :mod:`gpu_admission.extender.kubestate`).
 
 Per resource, in a thread of its own (the real ``kubernetes`` client blocks):

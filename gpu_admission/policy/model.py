@@ -429,7 +429,7 @@ def _idle_hours(value: Any) -> float:
 
 def _working_hours(value: Any) -> str:
     # The report's parser (one definition of working hours); pure, no I/O.
-    from gpu_admission.report.timeframe import WorkingHours  # noqa: PLC0415 - no cycle at import
+    from gpu_admission.timeframe import WorkingHours  # noqa: PLC0415 - no cycle at import
 
     if not isinstance(value, str):
         raise PydanticCustomError("working_hours", 'expected a string like "Mon-Fri 08:00-18:00",'

@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.prom import PromError, PrometheusClient
-from gpu_admission.report.timeframe import parse_duration, parse_instant, parse_zone
+from gpu_admission.timeframe import parse_duration, parse_instant, parse_zone
 
 
 class ReclaimError(click.ClickException):

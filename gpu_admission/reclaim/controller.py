@@ -58,7 +58,7 @@ from gpu_admission.reclaim.plan import (
     build_plan,
 )
 from gpu_admission.report.query import POINT_BUDGET, NoDataError, fetch
-from gpu_admission.report.timeframe import iso, resolve_range
+from gpu_admission.timeframe import iso, resolve_range
 
 STEP_SECONDS: Final = 300  # the report's default --step: dcgm-exporter samples every 30 s
 

@@ -32,7 +32,7 @@ from gpu_admission.reclaim.names import (
     STATEFULSET,
 )
 from gpu_admission.reclaim.plan import Cluster, Owner
-from gpu_admission.report.timeframe import iso
+from gpu_admission.timeframe import iso
 
 IN_CLUSTER: Final = kube_client.IN_CLUSTER
 MERGE_PATCH: Final = kube_client.MERGE_PATCH

@@ -1,5 +1,5 @@
 """The pure half of ``gpu-admission reclaim``: which GPU pods are idle, and what to do about
-each (docs/reclaim.md). No I/O: Prometheus answers (:class:`~gpu_admission.report.query.
+each (docs/reclaim.md). No I/O: Prometheus answers (:class:`~gpu_admission.report.data.
 Fetched`), API objects (plain dicts), the policy and the current time in; a frozen
 :class:`Plan` out.
 
@@ -48,8 +48,8 @@ from gpu_admission.reclaim.names import (
     SCALABLE_KINDS,
 )
 from gpu_admission.report.compute import idle_flags, idle_runs
-from gpu_admission.report.query import Fetched, GpuData
-from gpu_admission.report.timeframe import Range, WorkingHours, iso
+from gpu_admission.report.data import Fetched, GpuData
+from gpu_admission.timeframe import Range, WorkingHours, iso
 
 #: How far back the controller looks: a run of working hours never crosses midnight
 #: (WorkingHours refuses such windows), so one day holds the longest run there is.

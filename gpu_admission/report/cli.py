@@ -24,7 +24,7 @@ from gpu_admission.reclaim.plan import preview
 from gpu_admission.report.compute import Options, build_report, to_json
 from gpu_admission.report.query import NoDataError, Progress, fetch
 from gpu_admission.report.render import render_csv, render_json, render_table
-from gpu_admission.report.timeframe import (
+from gpu_admission.timeframe import (
     WorkingHours,
     parse_duration,
     parse_instant,

@@ -33,9 +33,9 @@ from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 from gpu_admission.policy.model import Policy
-from gpu_admission.report.query import Fetched, GpuData
+from gpu_admission.report.data import Fetched, GpuData
 from gpu_admission.report.sharing import FractionalEstimate, SharingEstimate, estimate_sharing
-from gpu_admission.report.timeframe import Range, WorkingHours, iso
+from gpu_admission.timeframe import Range, WorkingHours, iso
 
 MIN_IDLE_SECONDS: Final = 2 * 3600  # the article's alert: idle for 2 hours or more
 HOURS_OF_WEEK: Final = 7 * 24

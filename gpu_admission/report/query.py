@@ -33,12 +33,12 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from math import isnan
 from typing import Any, Final
 
 from gpu_admission.prom import MAX_POINTS_PER_SERIES, PrometheusClient
-from gpu_admission.report.timeframe import Range, iso
+from gpu_admission.report.data import Fetched, GpuData
+from gpu_admission.timeframe import Range, iso
 
 UTIL_METRIC: Final = "DCGM_FI_DEV_GPU_UTIL"  # %
 FB_USED_METRIC: Final = "DCGM_FI_DEV_FB_USED"  # MiB
@@ -51,29 +51,6 @@ Progress = Callable[[int, int], None]  # (queries done, queries planned)
 
 class NoDataError(Exception):
     """No dcgm-exporter series in the range; ``str()`` is the message for the user."""
-
-
-@dataclass(slots=True)
-class GpuData:
-    """Everything measured for one GPU, one slot per instant of the range."""
-
-    node: str
-    gpu: str  # device index as the exporter prints it ("0")
-    uuid: str
-    model: str
-    util: array[float]  # %; NaN = no sample at that instant
-    fb_used: array[float]  # MiB; NaN = no sample
-    holders: dict[tuple[str, str], bytearray] = field(default_factory=dict)
-    # (namespace, pod) -> 1 at the instants that pod's series carried a value
-
-
-@dataclass(slots=True)
-class Fetched:
-    range: Range
-    gpus: list[GpuData]
-    holder_labels: str  # "pod" or "exported_pod"
-    queries: int
-    metrics_missing: list[str]
 
 
 def plan_chunks(rng: Range, series: int, *, max_steps: int = MAX_STEPS,

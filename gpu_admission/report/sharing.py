@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from math import isnan
 
 from gpu_admission.policy.model import Policy
-from gpu_admission.report.query import GpuData
-from gpu_admission.report.timeframe import Range
+from gpu_admission.report.data import GpuData
 from gpu_admission.rules.memory import memory_share
+from gpu_admission.timeframe import Range
 
 
 @dataclass(frozen=True, slots=True)

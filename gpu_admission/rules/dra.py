@@ -33,8 +33,8 @@ from gpu_admission.rules.memory import (
     FRACTION_VARS,
     MemoryLimit,
     Wanted,
-    _wanted,
     memory_share,
+    wanted_env,
 )
 
 UNKNOWN: Final = "dra-reference-unknown"
@@ -116,11 +116,11 @@ class DraRules:
             if memo is None or memo[0] is not ctx.pool or memo[1] is not limits:
                 if len(self._memo) >= self._MEMO_MAX:
                     self._memo.clear()
-                memo = self._memo[key] = (ctx.pool, limits, _wanted(
+                memo = self._memo[key] = (ctx.pool, limits, wanted_env(
                     ctx.pool, limits, 0, (mem_mib, fraction, source))[0])
             wanted = memo[2]
             if gc.dra.capacity_mib is not None and ctx.pool is None:
                 # a share in MiB of a card of unknown size: no fraction is known to be
                 # within it, so none is written (only NVIDIA_MEM_LIMIT_MB and growth)
                 wanted = [w for w in wanted if w[0] not in FRACTION_VARS]
-            MemoryLimit._container(ctx, gc, wanted, source)
+            MemoryLimit.apply_env(ctx, gc, wanted, source)

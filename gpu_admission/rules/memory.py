@@ -128,7 +128,7 @@ Wanted = list[tuple[str, str, Callable[[str], bool | None], str]]  # name, value
 def shares_a_gpu(workload: str, mig: bool, pool: NodePool | None) -> bool:
     """Whether the memory limits apply: not training (never on a shared card), not MIG, and
     the pod's pool is unknown or time-sliced/MPS. The scheduler extender asks the same
-    question (``gpu_admission.extender.placement``) to decide which pods must fit a share."""
+    question (``gpu_admission.placement.score``) to decide which pods must fit a share."""
     if workload == "training" or mig:
         return False
     return pool is None or pool.shared  # a dedicated (sharing none) pool: not time-shared
@@ -146,7 +146,7 @@ def memory_share(pool: NodePool | None, limits: MemoryLimits) -> tuple[int, floa
 class MemoryLimit:
     ids: tuple[str, ...] = (LIMIT, UNVERIFIABLE)
 
-    #: Memo of :meth:`_wanted` (the env vars, values and checks for a pool/limit set), built
+    #: Memo of :func:`wanted_env` (the env vars, values and checks for a pool/limit set), built
     #: once per policy object instead of per container: closures, f-strings and the
     #: fraction formatting were a third of this rule's cost. Keyed by object identity; the
     #: entry keeps the objects alive, so an id cannot be reused while it is cached.
@@ -172,7 +172,7 @@ class MemoryLimit:
                 continue
             if gc.other is not None:  # another sharing system's share caps ours
                 wanted, source = other_wanted(pool, limits, gc.other)
-                self._container(ctx, gc, wanted, source)
+                self.apply_env(ctx, gc, wanted, source)
                 continue
             devices = gc.gpu_count if mps else 0  # only the MPS value depends on the count
             key = (id(pool), id(limits), devices)
@@ -180,9 +180,9 @@ class MemoryLimit:
             if memo is None or memo[0] is not pool or memo[1] is not limits:
                 if len(self._memo) >= self._MEMO_MAX:
                     self._memo.clear()
-                wanted, source = _wanted(pool, limits, devices)
+                wanted, source = wanted_env(pool, limits, devices)
                 memo = self._memo[key] = (pool, limits, wanted, source)
-            self._container(ctx, gc, memo[2], memo[3])
+            self.apply_env(ctx, gc, memo[2], memo[3])
 
     def _fractional(self, ctx: Context, fraction: Fraction) -> None:
         """A fractional pod: the variables sized to its share, HAMi-core's cap if on."""
@@ -194,8 +194,8 @@ class MemoryLimit:
         if memo is None or memo[0] is not limits:
             if len(self._fractional_memo) >= self._MEMO_MAX:
                 self._fractional_memo.clear()
-            wanted, source = _wanted(ctx.pool, limits, 0,
-                                     share=(mib, fraction.fraction, fraction.source))
+            wanted, source = wanted_env(ctx.pool, limits, 0,
+                                    share=(mib, fraction.fraction, fraction.source))
             if hami:
                 wanted.append((HAMI_MEMORY_LIMIT, hami_limit_text(mib), _hami_ok(mib),
                                f"<= {hami_limit_text(mib)}"))
@@ -204,14 +204,16 @@ class MemoryLimit:
         for gc in ctx.gpu_containers:
             if gc.mig or gc.dra is not None:
                 continue
-            self._container(ctx, gc, wanted, source)
+            self.apply_env(ctx, gc, wanted, source)
             if hami:
                 _per_device(ctx, gc, mib, source)
 
     @staticmethod
-    def _container(ctx: Context, gc: GpuContainer,
-                   wanted: list[tuple[str, str, Callable[[str], bool | None], str]],
-                   source: str) -> None:
+    def apply_env(ctx: Context, gc: GpuContainer,
+                  wanted: list[tuple[str, str, Callable[[str], bool | None], str]],
+                  source: str) -> None:
+        """Upsert the ``wanted`` variables of one container (:func:`wanted_env`) and flag a
+        value above the limit; public because the DRA rule (:mod:`.dra`) writes alike."""
         env = gc.container.get("env")
         existing: dict[str, tuple[int, Mapping[str, Any]]] = {}
         if isinstance(env, list) and env:
@@ -253,8 +255,8 @@ def other_wanted(pool: NodePool | None, limits: MemoryLimits,
     :mod:`gpu_admission.sharing_systems`): exactly that share, never more, and a variable
     whose value is not known (the MiB of a fraction on an unknown card) is not written."""
     source = other.why
-    wanted, _ = _wanted(pool, limits, 0,
-                        (other.memory_mib or 0, other.fraction or 0.0, source))
+    wanted, _ = wanted_env(pool, limits, 0,
+                           (other.memory_mib or 0, other.fraction or 0.0, source))
     skip = set()
     if other.memory_mib is None:
         skip.add(NVIDIA_MEM_LIMIT_MB)
@@ -290,8 +292,8 @@ def _per_device(ctx: Context, gc: GpuContainer, mib: int, source: str) -> None:
                         f"<= {hami_limit_text(mib)} ({source})")
 
 
-def _wanted(pool: NodePool | None, limits: MemoryLimits, devices: int,
-            share: tuple[int, float, str] | None = None) -> tuple[Wanted, str]:
+def wanted_env(pool: NodePool | None, limits: MemoryLimits, devices: int,
+               share: tuple[int, float, str] | None = None) -> tuple[Wanted, str]:
     """The env vars a container on ``pool`` (None: unknown pool) must have, with the value
     we set, the check of a value already there, and the expected value for messages; and
     where the limit comes from. ``devices`` > 0: also the MPS per-device limit. ``share``

@@ -70,7 +70,7 @@ from gpu_admission.server.wire import (
 )
 
 if TYPE_CHECKING:
-    from gpu_admission.dra.cache import DraCache
+    from gpu_admission.kube.dra import DraCache
 
 JSON = "application/json"
 MUTATE_PATH = "/mutate"
@@ -493,7 +493,7 @@ def create_app(config: ServerConfig, *,
     state.metrics.policy_loaded.set(time.time())
     state.metrics.in_flight.set_function(lambda: state.in_flight)
     if config.dra_source is not None:
-        from gpu_admission.dra.cache import CacheMetrics, DraCache, api_client  # noqa: PLC0415
+        from gpu_admission.kube.dra import CacheMetrics, DraCache, api_client  # noqa: PLC0415
         # imported here: the kubernetes client takes ~0.5 s to import, only DRA needs it
         state.dra = DraCache(api_client(config.dra_source),
                              metrics=CacheMetrics(state.metrics.registry), log=log,

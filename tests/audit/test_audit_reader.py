@@ -11,14 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpu_admission.auditlog.entry import Entry, ReadStats
 from gpu_admission.auditlog.query import Filter, Summary, newest, parse_when
-from gpu_admission.auditlog.reader import (
-    Entry,
-    ReadStats,
-    event_records,
-    read_entries,
-    webhook_matches,
-)
+from gpu_admission.auditlog.reader import event_records, read_entries, webhook_matches
 
 DATA = Path(__file__).parent.parent / "data" / "audit"
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

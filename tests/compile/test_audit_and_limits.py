@@ -15,7 +15,7 @@ import celpy.celtypes as ct
 import pytest
 
 from gpu_admission.compile.compiler import compile_policy
-from gpu_admission.compile.evaluator import CelError, _activation, admit, counting_cost, run
+from gpu_admission.compile.evaluator import CelError, activation_of, admit, counting_cost, run
 from gpu_admission.compile.offline import as_admitted
 from gpu_admission.decision import RequestFacts
 from gpu_admission.policy.model import policy_from_dict
@@ -128,7 +128,7 @@ def test_expressions_stay_within_the_api_server_cost_limits() -> None:
     objects = compile_policy(_pools_policy(20), partial=True).objects
     pod = _big_pod()
     facts = RequestFacts(namespace="team-a")
-    act = _activation(pod, facts, {"gpu-admission.io/enabled": "true"})
+    act = activation_of(pod, facts, {"gpu-admission.io/enabled": "true"})
     for obj in objects:
         spec = obj.get("spec", {})
         if "variables" not in spec:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_admission.extender.placement import target_load_packing, to_extender_score
+from gpu_admission.placement.score import target_load_packing, to_extender_score
 from gpu_admission.policy.model import default_policy_text
 from tests.builders import make_container, make_pod
 from tests.dcgm_support import FakeDcgmExporter, FakeGpu

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import yaml
 
-from gpu_admission.extender.ledger import CONFIGMAP_LABEL
+from gpu_admission.placement.ledger import CONFIGMAP_LABEL
 from gpu_admission.vocab import (
     GPU_CONFIGMAP_ANNOTATION,
     GPU_CONFIGMAP_KEY,

@@ -20,14 +20,13 @@ import pytest
 from gpu_admission.extender.gpustate import (
     METRICS,
     UTIL,
-    Gpu,
     Holders,
-    Snapshot,
     build_snapshot,
     node_labels,
     parse_vector,
 )
-from gpu_admission.extender.placement import (
+from gpu_admission.placement.gpus import Gpu, Snapshot
+from gpu_admission.placement.score import (
     Demand,
     filter_nodes,
     is_idle,

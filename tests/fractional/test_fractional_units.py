@@ -14,13 +14,13 @@ from gpu_admission.fractional import (
     parse_share_mib,
     plan,
     pool_share_mib,
-    quantity_value,
     recorded_configmap,
     recorded_share_mib,
     requested_share_mib,
     visible_devices_value,
 )
 from gpu_admission.policy.model import NodePool, default_policy
+from gpu_admission.quantity import integer_quantity
 from tests.builders import make_container, make_pod
 from tests.fractional.support import policy
 
@@ -39,9 +39,10 @@ def test_parse_share_refuses(bad: Any) -> None:
 
 @pytest.mark.parametrize(("quantity", "value"), [
     (4096, 4096), ("4096", 4096), ("16k", 16000), ("4Ki", 4096), ("1M", 10**6),
-    ("2Gi", 2 * 2**30), ("1.5", None), ("lots", None), (True, None), (None, None)])
-def test_quantity_value(quantity: Any, value: int | None) -> None:
-    assert quantity_value(quantity) == value
+    ("2Gi", 2 * 2**30), ("1e3", 1000), ("1.5", None), ("500m", None), ("lots", None),
+    (True, None), (None, None)])
+def test_integer_quantity(quantity: Any, value: int | None) -> None:
+    assert integer_quantity(quantity) == value
 
 
 @pytest.mark.parametrize(("text", "size"), [("16000m", 16000 * 2**20), ("1g", 2**30),

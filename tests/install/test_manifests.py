@@ -50,9 +50,9 @@ from hypothesis import strategies as st
 from gpu_admission import vocab
 from gpu_admission.certs import generate_bundle, service_dns_names, write_bundle
 from gpu_admission.decision import RequestFacts
-from gpu_admission.dra.cache import RESOURCES as DRA_RESOURCES
 from gpu_admission.engine import evaluate, gpu_containers
 from gpu_admission.install_certs import install_certs
+from gpu_admission.kube.dra import RESOURCES as DRA_RESOURCES
 from gpu_admission.policy.model import default_policy, load_policy
 from gpu_admission.server.app import create_app, create_probe_app
 from gpu_admission.server.cli import serve

@@ -16,8 +16,8 @@ from gpu_admission.reclaim.plan import (
     memory_text,
     resolve_owner,
 )
-from gpu_admission.report.query import Fetched, GpuData
-from gpu_admission.report.timeframe import Range
+from gpu_admission.report.data import Fetched, GpuData
+from gpu_admission.timeframe import Range
 from tests.reclaim.scenario import deployment_pod, namespace, notebook_pod
 
 WED_NOON = 1_764_763_200  # 2025-12-03T12:00:00Z, a Wednesday

@@ -13,7 +13,7 @@ import orjson
 from click.testing import CliRunner, Result
 
 from gpu_admission.cli import main
-from gpu_admission.report.timeframe import iso
+from gpu_admission.timeframe import iso
 from tests.prometheus_support import PrometheusProcess
 from tests.reclaim.fake_api import FakeKube, fake_kube
 from tests.reclaim.scenario import (

@@ -11,9 +11,10 @@ import pytest
 
 from gpu_admission.prom import MAX_POINTS_PER_SERIES, PromError, decode
 from gpu_admission.report.compute import idle_run_seconds, p95
-from gpu_admission.report.query import GpuData, merge_util, plan_chunks
+from gpu_admission.report.data import GpuData
+from gpu_admission.report.query import merge_util, plan_chunks
 from gpu_admission.report.sharing import Item, pack
-from gpu_admission.report.timeframe import (
+from gpu_admission.timeframe import (
     Range,
     WorkingHours,
     parse_duration,

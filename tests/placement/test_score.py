@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpu_admission.extender.gpustate import Gpu, Snapshot
-from gpu_admission.extender.placement import (
+from gpu_admission.placement.gpus import Gpu, Snapshot
+from gpu_admission.placement.score import (
     NEUTRAL_SCORE,
     Demand,
     filter_nodes,

@@ -9,8 +9,8 @@ import kubernetes_validate
 import pytest
 
 from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod
-from gpu_admission.extender.fractional import NEW_GPU, choose, no_fit_reason
-from gpu_admission.extender.ledger import (
+from gpu_admission.placement.fractional import NEW_GPU, choose, no_fit_reason
+from gpu_admission.placement.ledger import (
     OPENING_PREFIX,
     Assignment,
     Ledger,

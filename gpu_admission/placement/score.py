@@ -1,5 +1,5 @@
 """Placement decisions of the ``gpu-aware-scheduler`` extender. PURE: a pod dict, node names,
-a GPU :class:`~gpu_admission.extender.gpustate.Snapshot` (None = no usable metrics) and the
+a GPU :class:`~gpu_admission.placement.gpus.Snapshot` (None = no usable metrics) and the
 policy in; a filter result or scores out. No I/O, no clock.
 
 What the pod is comes from the webhook's own engine (:func:`gpu_admission.engine.analyse_gpu_pod`:
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from gpu_admission.engine import analyse_gpu_pod
-from gpu_admission.extender.gpustate import Gpu, Snapshot
+from gpu_admission.placement.gpus import Gpu, Snapshot
 from gpu_admission.policy.model import Placement, Policy
 from gpu_admission.rules.base import GpuContainer
 from gpu_admission.rules.memory import NVIDIA_MEM_LIMIT_MB, memory_share, shares_a_gpu

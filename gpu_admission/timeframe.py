@@ -1,5 +1,6 @@
-"""Time inputs of ``gpu-admission report``, parsed strictly: durations, instants, the range,
-working hours and the time zone. Pure (the current time is passed in).
+"""Time inputs of ``gpu-admission report`` and ``reclaim`` and of the policy's working hours,
+parsed strictly: durations, instants, the range, working hours and the time zone. Pure (the
+current time is passed in); a core value module (floor 0) because the policy model reads it.
 
 Every parser raises :class:`ValueError` with a message naming the option, what was expected
 and what was given; the CLI turns it into a usage error (exit 2).

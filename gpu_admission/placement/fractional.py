@@ -1,5 +1,5 @@
 """Placement of fractional pods (``sharing: fractional`` pools). PURE: the ledger's
-:class:`~gpu_admission.extender.ledger.NodeView`, the pool, the placement settings and DCGM
+:class:`~gpu_admission.placement.ledger.NodeView`, the pool, the placement settings and DCGM
 utilisation in; a GPU choice, a filter result or scores out. No I/O, no clock.
 
 One rule serves filter, prioritize and bind (so the node kube-scheduler picks is one where
@@ -10,7 +10,7 @@ bind finds the GPU the scores promised):
   reservation pod) or a GPU the node can still open (a whole ``nvidia.com/gpu`` free);
 * among fitting GPUs the best **score** wins (0..100): the mean of scheduler-plugins
   TargetLoadPacking's curve at the GPU's DCGM SM utilisation + the pod's share of the card
-  (:func:`~gpu_admission.extender.placement.target_load_packing`, towards
+  (:func:`~gpu_admission.placement.score.target_load_packing`, towards
   ``targetUtilizationPercent``) and a best fit on memory, ``100 x (1 - leftover / card)``
   (the tightest fit leaves roomy GPUs for big pods; Alibaba gpushare's rule); 0 when the
   predicted utilisation passes 100 % (it still fits, as a last resort). Without metrics for a
@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpu_admission.extender.gpustate import Snapshot
-from gpu_admission.extender.ledger import NodeView, is_fractional_pod, parse_mib
-from gpu_admission.extender.placement import (
+from gpu_admission.placement.gpus import Snapshot
+from gpu_admission.placement.ledger import NodeView, is_fractional_pod, parse_mib
+from gpu_admission.placement.score import (
     FilterResult,
     round_half_away,
     target_load_packing,

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpu_admission.quantity import integer_quantity
 from gpu_admission.vocab import (
     GPU_CONFIGMAP_ANNOTATION,
     GPU_CONFIGMAP_KEY,
@@ -68,12 +69,10 @@ def parse_mib(value: Any) -> int | None:
     return None
 
 
-def _quantity_int(value: Any) -> int:
-    """An integer extended-resource quantity (``nvidia.com/gpu`` is whole numbers)."""
-    try:
-        return max(0, int(str(value)))
-    except ValueError:
-        return 0
+def _whole(value: Any) -> int:
+    """An integer extended-resource quantity (``nvidia.com/gpu`` is whole numbers); 0 when
+    absent or not a whole quantity."""
+    return max(0, integer_quantity(value) or 0)
 
 
 def gpu_request(pod: Mapping[str, Any]) -> int:
@@ -84,7 +83,7 @@ def gpu_request(pod: Mapping[str, Any]) -> int:
     for kind in ("containers", "initContainers"):
         for c in spec.get(kind) or []:
             res = (c or {}).get("resources") or {}
-            amount = _quantity_int((res.get("limits") or {}).get(
+            amount = _whole((res.get("limits") or {}).get(
                 GPU_RESOURCE, (res.get("requests") or {}).get(GPU_RESOURCE, 0)))
             if kind == "initContainers":
                 init = max(init, amount)
@@ -239,7 +238,7 @@ class Ledger:
         meta = node.get("metadata") or {}
         name = str(meta.get("name") or "")
         alloc = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0)
-        self.nodes[name] = _quantity_int(alloc)
+        self.nodes[name] = _whole(alloc)
         self.node_labels[name] = dict(meta.get("labels") or {})
         self._views.pop(name, None)
 
