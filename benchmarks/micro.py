@@ -37,7 +37,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dra_micro import measure_dra, print_dra
-from reviews import BENCH_POLICY_YAML, KINDS, TYPICAL_KIND, review
+from reviews import BENCH_POLICY_YAML, KINDS, MIXES, TYPICAL_KIND, mix_kinds, review
 
 from gpu_admission.auditlog.record import audit_annotations, decision_record
 from gpu_admission.auditlog.writer import DecisionLog
@@ -99,9 +99,11 @@ def measure(policy: Policy, *, repeat: int = 9, target_s: float = 0.03) -> list[
     return rows
 
 
-def components(policy: Policy, work: Path, *, repeat: int = 9) -> dict[str, float]:
+def components(policy: Policy, work: Path, *, repeat: int = 9,
+               mix: str = "webhook") -> dict[str, float]:
     """What each step of the server's request path costs, in µs per review, averaged over
-    the mix (weights of ``reviews.KINDS``, /mutate and /validate alike). Measured with the
+    the mix (``mix``: the kinds of ``reviews.mix_kinds``, their weights, /mutate and /validate
+    alike). Measured with the
     server's own building blocks so the table points at what to optimise:
 
     - ``parse``: ``wire.parse_review`` (orjson + type checks of the pod);
@@ -118,7 +120,7 @@ def components(policy: Policy, work: Path, *, repeat: int = 9) -> dict[str, floa
     # like the load mix; the stage decides what evaluate does (validate never patches).
     stage_of: dict[bytes, Stage] = {}
     bodies: list[tuple[bytes, int]] = []
-    for kind in KINDS:
+    for kind in mix_kinds(mix):
         obj = kind.build()
         patch = evaluate(obj, MUTATE, policy).patch
         final = jsonpatch.apply_patch(obj, list(patch)) if patch else obj
@@ -203,8 +205,8 @@ def components(policy: Policy, work: Path, *, repeat: int = 9) -> dict[str, floa
     return out
 
 
-def print_components(parts: dict[str, float]) -> None:
-    print("request-path steps, in-process (µs per review, mix average): " + ", ".join(
+def print_components(parts: dict[str, float], mix: str = "webhook") -> None:
+    print(f"request-path steps, in-process (µs per review, {mix!r} mix average): " + ", ".join(
         f"{k} {v}" for k, v in parts.items()))
 
 
@@ -227,12 +229,15 @@ def main() -> None:
                         help="policy file (default: the benchmark policy with node pools)")
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--mix", choices=MIXES, default="webhook",
+                        help="mix for the request-path steps: webhook (what the API server "
+                             "sends with the default install: no CPU pods) or all (every kind)")
     args = parser.parse_args()
     policy = load_policy(args.policy) if args.policy else policy_from_yaml(BENCH_POLICY_YAML)
     rows = measure(policy, repeat=args.repeat)
     print_table(rows)
     with tempfile.TemporaryDirectory() as tmp:
-        print_components(components(policy, Path(tmp)))
+        print_components(components(policy, Path(tmp), mix=args.mix), args.mix)
     print_dra(measure_dra(policy, repeat=args.repeat))  # DRA pods, warm cache (issue 15)
     if args.json:
         args.json.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))

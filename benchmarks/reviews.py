@@ -201,6 +201,11 @@ class Kind:
     name: str
     build: Callable[[], dict[str, Any]]
     weight: int  # relative frequency in the mix
+    # Whether the API server sends this kind to the webhooks with the default install: since
+    # the GPU-access guard's CPU-pod half runs in the API server as compiled policies (issue
+    # 21, docs/guard.md), the webhooks' matchConditions send only GPU, DRA, fractional, KAI
+    # and HAMi pods; a CPU-only pod never reaches the webhook.
+    reaches_webhook: bool = True
 
 
 KINDS: tuple[Kind, ...] = (
@@ -208,16 +213,30 @@ KINDS: tuple[Kind, ...] = (
     Kind("inference-cu121", inference_cu121_pod, 10),
     Kind("training-dedicated", training_dedicated_pod, 5),
     Kind("training-shared-denied", training_shared_pod, 5),
-    Kind("cpu", cpu_pod, 30),
-    Kind("cpu-cuda-image", cpu_cuda_image_pod, 5),
+    Kind("cpu", cpu_pod, 30, reaches_webhook=False),
+    Kind("cpu-cuda-image", cpu_cuda_image_pod, 5, reaches_webhook=False),
     Kind("multi-container", multi_container_pod, 10),
     Kind("long-env", long_env_pod, 10),
 )
 TYPICAL_KIND = "inference"
 
+# Which reviews a load run sends. ``webhook`` (the default): what the API server sends the
+# webhooks with the default install, where the guard's CPU-pod half runs in the API server
+# (the kinds above with ``reaches_webhook``, same relative weights). ``all``: every kind,
+# the mix before the guard moved (and what a fallback install without the
+# MutatingAdmissionPolicy API, which sends every pod to the webhook, receives).
+MIXES = ("webhook", "all")
+
+
+def mix_kinds(mix: str = "webhook") -> tuple[Kind, ...]:
+    """The kinds a ``mix`` (one of :data:`MIXES`) sends."""
+    if mix not in MIXES:
+        raise ValueError(f"mix: expected one of {', '.join(MIXES)}, got {mix!r}")
+    return tuple(k for k in KINDS if mix == "all" or k.reaches_webhook)
+
 
 def request_mix(mutated: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                ) -> list[dict[str, str]]:
+                mix: str = "webhook") -> list[dict[str, str]]:
     """The mix as a list of ``{"path", "body"}`` (body = JSON text with the uid placeholder),
     each kind once for ``/mutate`` and once for ``/validate``, repeated by its weight and
     interleaved so that any window of the list has roughly the same mix.
@@ -225,7 +244,7 @@ def request_mix(mutated: Callable[[dict[str, Any]], dict[str, Any]] | None = Non
     The validating webhook runs after all mutations, so when ``mutated`` is given (a function
     returning the pod as our own ``/mutate`` left it) ``/validate`` gets that object."""
     bodies: list[tuple[str, str, int]] = []
-    for kind in KINDS:
+    for kind in mix_kinds(mix):
         obj = kind.build()
         bodies.append(("/mutate", orjson.dumps(review(obj)).decode(), kind.weight))
         final = mutated(obj) if mutated is not None else obj
@@ -240,8 +259,8 @@ def request_mix(mutated: Callable[[dict[str, Any]], dict[str, Any]] | None = Non
 
 
 def write_mix(path: Path, mutated: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-              ) -> int:
+              mix: str = "webhook") -> int:
     """Write the mix as JSON lines for the load generators; return the number of entries."""
-    mix = request_mix(mutated)
-    path.write_bytes(b"".join(orjson.dumps(entry) + b"\n" for entry in mix))
-    return len(mix)
+    entries = request_mix(mutated, mix)
+    path.write_bytes(b"".join(orjson.dumps(entry) + b"\n" for entry in entries))
+    return len(entries)

@@ -50,7 +50,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import micro  # noqa: E402
-from reviews import BENCH_POLICY_YAML, KINDS, write_mix  # noqa: E402
+from reviews import BENCH_POLICY_YAML, MIXES, mix_kinds, write_mix  # noqa: E402
 
 from gpu_admission.certs import generate_bundle, write_bundle  # noqa: E402
 from gpu_admission.decision import RequestFacts  # noqa: E402
@@ -445,7 +445,7 @@ def context(args: argparse.Namespace) -> dict[str, Any]:
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def prepare(work: Path) -> tuple[Path, Path]:
+def prepare(work: Path, mix: str = "webhook") -> tuple[Path, Path]:
     certs = work / "certs"
     write_bundle(generate_bundle("gpu-admission", "gpu-admission", dev=True), certs)
     (work / "policy.yaml").write_text(BENCH_POLICY_YAML)
@@ -456,7 +456,7 @@ def prepare(work: Path) -> tuple[Path, Path]:
         decision = evaluate(pod, facts, policy)
         return jsonpatch.apply_patch(pod, list(decision.patch)) if decision.patch else pod
 
-    write_mix(work / "mix.jsonl", mutated)
+    write_mix(work / "mix.jsonl", mutated, mix)
     with (work / "mix.tsv").open("w") as tsv:
         for line in (work / "mix.jsonl").read_bytes().splitlines():
             entry = orjson.loads(line)
@@ -529,6 +529,11 @@ def main() -> None:
                         help="auto: wrk when installed, else loadgen.py")
     parser.add_argument("--only", default="micro,throughput,overload,soak,rotation,sigterm",
                         help="comma-separated scenarios")
+    parser.add_argument("--mix", choices=MIXES, default="webhook",
+                        help="review mix: webhook (default; what the API server sends the "
+                             "webhooks with the default install, where the guard's CPU-pod "
+                             "half runs in the API server: no CPU pods) or all (every kind, "
+                             "as a fallback install without MutatingAdmissionPolicy sends)")
     parser.add_argument("--out", type=Path, default=Path("bench-results.json"))
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
@@ -538,15 +543,16 @@ def main() -> None:
     results: dict[str, Any] = {"context": context(args)}
     work = Path(tempfile.mkdtemp(prefix="gpu-admission-bench-"))
     try:
-        certs, ca = prepare(work)
+        certs, ca = prepare(work, args.mix)
         if "micro" in only:
             os.sched_setaffinity(0, {CLIENT_CPU})
             rows = micro.measure(policy_from_yaml(BENCH_POLICY_YAML))
-            results["micro_steps"] = micro.components(policy_from_yaml(BENCH_POLICY_YAML), work)
+            results["micro_steps"] = micro.components(policy_from_yaml(BENCH_POLICY_YAML), work,
+                                                      mix=args.mix)
             os.sched_setaffinity(0, set(range(os.cpu_count() or 2)))
             print("== decision + patch, in-process (µs per review, best of 9 rounds) ==")
             micro.print_table(rows)
-            micro.print_components(results["micro_steps"])
+            micro.print_components(results["micro_steps"], args.mix)
             results["micro"] = rows
         steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
                  ("throughput", lambda: throughput(work, certs, ca, args)),
@@ -562,7 +568,8 @@ def main() -> None:
             results["throughput"]["ratio"]["ceiling"] = ceiling(
                 results["micro_steps"], results["throughput"]["baseline"])
         results["context"]["loadavg_end"] = os.getloadavg()
-        results["context"]["mix"] = {k.name: k.weight for k in KINDS}
+        results["context"]["mix"] = {k.name: k.weight for k in mix_kinds(args.mix)}
+        results["context"]["mix_name"] = args.mix
         report(results)
         args.out.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
         print(f"\nwrote {args.out}")

@@ -26,6 +26,7 @@ return a patch; a pod that merely lacks our mutations is not denied for that.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -92,8 +93,9 @@ def _zero(quantity: Any) -> bool:
 def has_fractional_pools(policy: Policy) -> bool:
     """Whether the policy has a ``sharing: fractional`` pool. Without one, fractional GPUs
     do not exist for the engine: ``gpu-admission.io/gpu-memory`` (annotation or resource)
-    means nothing, exactly as for the compiled policies, which refuse fractional pools."""
-    return any(pool.sharing == "fractional" for pool in policy.compiled.pools)
+    means nothing, exactly as for the compiled policies, which refuse fractional pools.
+    Computed once per policy (``Compiled.fractional``): this is asked on every review."""
+    return policy.compiled.fractional
 
 
 def _gpu_resources(container: Mapping[str, Any], fractional: bool) -> dict[str, Any] | None:
@@ -315,13 +317,24 @@ def _annotation_value(existing: Any, fields: list[str]) -> str:
     """Stable summary: sorted kinds of fields we mutated, merged with any earlier summary.
 
     E.g. ``affinity,env,nodeSelector,schedulerName``; re-running on the patched pod changes
-    nothing, so the value stays put.
+    nothing, so the value stays put. Memoised (:func:`_summary`): the same fields repeat
+    across reviews.
     """
+    text = existing if isinstance(existing, str) else None
+    if text is not None and len(text) > 200:  # not ours (ours is short): no memo for it
+        return _summary(text, tuple(fields))
+    return _cached_summary(text, tuple(fields))
+
+
+def _summary(existing: str | None, fields: tuple[str, ...]) -> str:
     kinds = {f.rsplit(".", 1)[-1] if f.startswith(("spec.containers[", "spec.initContainers["))
              else f.split(".", 1)[1] for f in fields if f.startswith("spec.")}
     if isinstance(existing, str) and existing:
         kinds.update(k for k in existing.split(",") if k)
     return ",".join(sorted(kinds))
+
+
+_cached_summary = functools.lru_cache(maxsize=1024)(_summary)
 
 
 def _routed(node_selector: Mapping[str, Any], cuda_version: str | None, workload: str,
@@ -418,9 +431,9 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
         if facts.sub_resource == EPHEMERAL_SUBRESOURCE and facts.operation == "UPDATE":
             return _ephemeral(pod, spec, facts, policy.compiled)
         return _ALLOWED
-    fractional = has_fractional_pools(policy)
-    gcs = gpu_containers(spec, fractional)
     compiled = policy.compiled
+    fractional = compiled.fractional
+    gcs = gpu_containers(spec, fractional)
     meta = pod.get("metadata")
     meta = meta if isinstance(meta, dict) else _EMPTY
     dra_pod = (analyze_pod(pod, facts.namespace, dra, compiled.dra_gpu_classes)

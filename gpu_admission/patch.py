@@ -24,6 +24,7 @@ is distributed over the terms (cross product).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -321,10 +322,22 @@ def _deep_copy(value: Any) -> Any:
 
 def changed_fields(ops: Sequence[Op]) -> list[str]:
     """Short names of the pod fields some operation touches, in order, e.g.
-    ``spec.schedulerName``, ``spec.containers[0].env``, ``metadata.annotations``."""
+    ``spec.schedulerName``, ``spec.containers[0].env``, ``metadata.annotations``.
+
+    The paths of a review's operations repeat across reviews (pods of one shape get the same
+    operations), so the names are memoised per tuple of paths (:func:`_cached_fields`); only
+    short tuples, so a huge pod cannot fill the memo with huge keys."""
+    paths = tuple([op["path"] for op in ops])
+    return list(_cached_fields(paths) if len(paths) <= _MEMO_OPS else _fields_of(paths))
+
+
+_MEMO_OPS = 32  # operations: a typical review has 2-10
+
+
+def _fields_of(paths: tuple[str, ...]) -> tuple[str, ...]:
     fields: dict[str, None] = {}
-    for op in ops:
-        parts = op["path"].split("/")[1:]
+    for path in paths:
+        parts = path.split("/")[1:]
         if parts[0] == "spec" and len(parts) >= 4 and parts[1] in ("containers", "initContainers",
                                                                  "ephemeralContainers"):
             fields[f"spec.{parts[1]}[{parts[2]}].{parts[3]}"] = None
@@ -332,7 +345,10 @@ def changed_fields(ops: Sequence[Op]) -> list[str]:
             fields["metadata.annotations"] = None
         else:
             fields[".".join(parts[:2])] = None
-    return list(fields)
+    return tuple(fields)
+
+
+_cached_fields = functools.lru_cache(maxsize=1024)(_fields_of)
 
 
 def apply_ops(doc: Any, ops: Sequence[Op]) -> Any:

@@ -539,6 +539,8 @@ class Compiled:
     batch_job_workload: str | None = "training"
     # spec.otherSharingSystems ("kai", "hami")
     other_systems: frozenset[str] = frozenset()
+    # a ``sharing: fractional`` pool exists (engine.has_fractional_pools), asked per review
+    fractional: bool = False
 
 
 class Policy(_Model):
@@ -574,6 +576,7 @@ class Policy(_Model):
             dra_unknown_other=spec.dra.non_training_unknown_references,
             batch_job_workload=spec.classification.batch_job_workload,
             other_systems=frozenset(spec.other_sharing_systems),
+            fractional=any(p.sharing == "fractional" for p in spec.node_pools),
         )
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None,
