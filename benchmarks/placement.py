@@ -358,8 +358,9 @@ def fractional_timing(calls: int, n_nodes: int = 500) -> None:
     time with its API calls against the fake API server (tests/kube_api_support.py) through
     the real kubernetes client."""
     from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod  # noqa: PLC0415
+    from gpu_admission.fractional import visible_devices_value  # noqa: PLC0415
     from gpu_admission.placement.fractional import filter_fractional  # noqa: PLC0415
-    from gpu_admission.placement.ledger import Assignment, Ledger, device_value  # noqa: PLC0415
+    from gpu_admission.placement.ledger import Assignment, Ledger  # noqa: PLC0415
     from tests.extender.fractional_support import NAMESPACE, frac_node, frac_pod, frac_policy  # noqa: PLC0415
 
     rng = random.Random(7)
@@ -384,7 +385,7 @@ def fractional_timing(calls: int, n_nodes: int = 500) -> None:
                 meta = pod["metadata"]
                 cms.append(configmap(meta["namespace"], meta["annotations"][
                     "gpu-admission.io/gpu-configmap"], meta["name"], meta["uid"],
-                    device_value(uuid, "envvar")))
+                    visible_devices_value(uuid, "envvar")))
     ledger.replace_configmaps(cms)
     ledger.replace_pods(pods)
     placement = policy.spec.placement

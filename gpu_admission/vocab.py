@@ -24,6 +24,9 @@ GPU_CONFIGMAP_ANNOTATION: Final = "gpu-admission.io/gpu-configmap"
 # generateName at admission). 24 + 36 characters: a valid DNS subdomain.
 GPU_CONFIGMAP_PREFIX: Final = "gpu-admission-gpu-"
 GPU_CONFIGMAP_KEY: Final = "NVIDIA_VISIBLE_DEVICES"  # the ConfigMap's data key
+# Label (value "true") on the ConfigMaps bind writes: the ledger lists only these, and a
+# ConfigMap without it (or owned by another pod) is never used.
+CONFIGMAP_LABEL: Final = "gpu-admission.io/gpu-configmap"
 # The extended resource a fractional pod requests instead of nvidia.com/gpu, in MiB; the
 # install advertises it on the pool's nodes (GPUs x memoryMiB), so kube-scheduler's
 # NodeResourcesFit and ResourceQuota (requests.gpu-admission.io/gpu-memory) count it.

@@ -43,6 +43,7 @@ from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from structlog.typing import FilteringBoundLogger
 
+from gpu_admission.fractional import visible_devices_value
 from gpu_admission.kube import client as kube
 from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
 from gpu_admission.placement.fractional import (
@@ -54,16 +55,15 @@ from gpu_admission.placement.fractional import (
     node_pool,
 )
 from gpu_admission.placement.ledger import (
-    CONFIGMAP_LABEL,
     OPENING_PREFIX,
     Assignment,
     Ledger,
     NodeView,
     configmap_entry,
-    device_value,
 )
 from gpu_admission.policy.model import Policy
 from gpu_admission.vocab import (
+    CONFIGMAP_LABEL,
     GPU_CONFIGMAP_ANNOTATION,
     GPU_CONFIGMAP_KEY,
     GPU_MEMORY_RESOURCE,
@@ -354,7 +354,8 @@ class Binder:
             else:
                 uuid = gpu_id
             cm_created = await self._write_configmap(
-                namespace, cm_name, name, uid, device_value(uuid, pool.device_list_strategy))
+                namespace, cm_name, name, uid,
+                visible_devices_value(uuid, pool.device_list_strategy))
             await self._post_binding(namespace, name, uid, node)
         except BaseException:
             state.ledger.unassume(uid)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpu_admission.fractional import CDI_GPU_PREFIX
 from gpu_admission.quantity import integer_quantity
 from gpu_admission.vocab import (
     GPU_CONFIGMAP_ANNOTATION,
@@ -40,26 +41,17 @@ from gpu_admission.vocab import (
     RESERVATION_LABEL,
 )
 
-#: The CDI device name prefix the NVIDIA device plugin's cdi-* strategies read
-#: (KAI-Scheduler ``pkg/binder/common/gpu_access.go``).
-CDI_PREFIX: Final = "k8s.device-plugin.nvidia.com/gpu="
-#: Label on the ConfigMaps gpu-admission writes (the watch selects on it).
-CONFIGMAP_LABEL: Final = "gpu-admission.io/gpu-configmap"
 OPENING_PREFIX: Final = "opening:"  # GPU id of a reservation that has not published its UUID
 TERMINATED: Final = frozenset({"Succeeded", "Failed"})
 
 Key = tuple[str, str]  # (namespace, name)
 
 
-def device_value(uuid: str, strategy: str) -> str:
-    """The ``NVIDIA_VISIBLE_DEVICES`` value for ``uuid`` under the pool's deviceListStrategy."""
-    return uuid if strategy == "envvar" else f"{CDI_PREFIX}{uuid}"
-
-
 def uuid_of(value: str) -> str:
-    """The GPU UUID in a ``NVIDIA_VISIBLE_DEVICES`` value written by :func:`device_value`."""
+    """The GPU UUID in a ``NVIDIA_VISIBLE_DEVICES`` value written by
+    :func:`gpu_admission.fractional.visible_devices_value`."""
     value = value.strip()
-    return value[len(CDI_PREFIX):] if value.startswith(CDI_PREFIX) else value
+    return value.removeprefix(CDI_GPU_PREFIX)
 
 
 def parse_mib(value: Any) -> int | None:

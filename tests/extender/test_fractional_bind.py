@@ -16,8 +16,8 @@ import orjson
 import pytest
 import yaml
 
-from gpu_admission.placement.ledger import CONFIGMAP_LABEL
 from gpu_admission.vocab import (
+    CONFIGMAP_LABEL,
     GPU_CONFIGMAP_ANNOTATION,
     GPU_CONFIGMAP_KEY,
     GPU_MEMORY_RESOURCE,

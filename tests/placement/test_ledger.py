@@ -9,12 +9,12 @@ import kubernetes_validate
 import pytest
 
 from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod
+from gpu_admission.fractional import visible_devices_value
 from gpu_admission.placement.fractional import NEW_GPU, choose, no_fit_reason
 from gpu_admission.placement.ledger import (
     OPENING_PREFIX,
     Assignment,
     Ledger,
-    device_value,
     uuid_of,
 )
 from gpu_admission.policy.model import Placement
@@ -43,7 +43,7 @@ def reservation(name: str, node: str, uuid: str = "") -> dict[str, Any]:
 def cm_for(pod: dict[str, Any], uuid: str, owner: str | None = None) -> dict[str, Any]:
     meta = pod["metadata"]
     return configmap(meta["namespace"], meta["annotations"]["gpu-admission.io/gpu-configmap"],
-                     meta["name"], owner or meta["uid"], device_value(uuid, "envvar"))
+                     meta["name"], owner or meta["uid"], visible_devices_value(uuid, "envvar"))
 
 
 def ledger_with(*pods: dict[str, Any], cms: tuple[dict[str, Any], ...] = (),
@@ -117,9 +117,9 @@ def test_choice(used: dict[str, int], share: int, expected: str | None) -> None:
 
 
 def test_device_values_round_trip() -> None:
-    assert device_value("GPU-1", "envvar") == "GPU-1"
-    assert device_value("GPU-1", "cdi-cri") == "k8s.device-plugin.nvidia.com/gpu=GPU-1"
-    assert uuid_of(device_value("GPU-1", "cdi-annotations")) == "GPU-1"
+    assert visible_devices_value("GPU-1", "envvar") == "GPU-1"
+    assert visible_devices_value("GPU-1", "cdi-cri") == "k8s.device-plugin.nvidia.com/gpu=GPU-1"
+    assert uuid_of(visible_devices_value("GPU-1", "cdi-annotations")) == "GPU-1"
 
 
 def test_the_reservation_pod_validates_against_the_openapi_schema() -> None:
