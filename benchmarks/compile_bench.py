@@ -166,16 +166,30 @@ class CelCpp:
             "string_find_string": _find,
         }
         self.cache: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self.envs: dict[tuple[str, ...], Any] = {}
+
+    def env(self, declared: tuple[str, ...]) -> Any:
+        if declared not in self.envs:
+            names = dict.fromkeys(("object", "oldObject", "request", "namespaceObject",
+                                   *declared), self.cel.Type.DYN)
+            self.envs[declared] = self.cel.NewEnv(config=self.config, variables=names,
+                                                  function_impls=self.impls)
+        return self.envs[declared]
 
     def program(self, expr: str, declared: tuple[str, ...]) -> Any:
         key = (expr, declared)
         if key not in self.cache:
-            names = dict.fromkeys(("object", "oldObject", "request", "namespaceObject",
-                                   *declared), self.cel.Type.DYN)
-            env = self.cel.NewEnv(config=self.config, variables=names,
-                                  function_impls=self.impls)
-            self.cache[key] = env.compile(expr.replace(".lastIndexOf(", ".k8sLastIndexOf("))
+            self.cache[key] = self.env(declared).compile(
+                expr.replace(".lastIndexOf(", ".k8sLastIndexOf("))
         return self.cache[key]
+
+    def activation(self, data: dict[str, Any]) -> Any:
+        """The inputs converted to CEL values once, outside the timed region: the API server
+        converts the request's object once and hands every expression the same CEL values,
+        variables included, where this binding would convert them from Python on every
+        evaluation (~3 µs for a pod) if fed ``data=``."""
+        return self.env(tuple(k for k in data if k.startswith("variables."))).Activation(
+            data=data)
 
 
 _VAR = re.compile(r"variables\.([A-Za-z_][A-Za-z0-9_]*)")
@@ -226,17 +240,18 @@ def cel_cpp_run(cpp: CelCpp, objects: list[dict[str, Any]], pod: dict[str, Any],
     from gpu_admission.compile.evaluator import selector_matches  # noqa: PLC0415
 
     def run(expr: str, data: dict[str, Any], declared: tuple[str, ...]) -> Any:
-        """Net time: the expression minus an empty one fed the same inputs (the conversion
-        of the pod and of the referenced variables from Python, which the API server does
-        not pay)."""
+        """Net time: the expression minus an empty one on the same activation (the binding's
+        call overhead); the inputs are converted before the clock starts
+        (:meth:`CelCpp.activation`)."""
         program = cpp.program(expr, declared)
         used = {k: v for k, v in data.items()
                 if not k.startswith("variables.") or k[10:] in _VAR.findall(expr)}
-        empty = cpp.program("true", tuple(k for k in used if k.startswith("variables.")))
+        empty = cpp.program("true", ())
+        activation = cpp.activation(used)
         start = time.perf_counter()
-        empty.eval(data=used)
+        empty.eval(activation=activation)
         middle = time.perf_counter()
-        value = program.eval(data=used)
+        value = program.eval(activation=activation)
         end = time.perf_counter()
         missing = _MISSING.search(str(value)) if type(value).__name__ == "Value" else None
         if missing:

@@ -118,20 +118,24 @@ def _match_constraints(policy: Policy, operations: list[str]) -> dict[str, Any]:
     }
 
 
+def not_exempt(users: str, groups: str) -> dict[str, str]:
+    """The exempt users and groups (engine.exemption) as one matchCondition: the API server
+    evaluates every condition of a policy, so one expression is one evaluation per pod instead
+    of two (``users``, ``groups``: CEL list literals). The evaluator tells a user from a group
+    exemption by evaluating it again (evaluator._exemption)."""
+    return {"name": "not-exempt",
+            "expression": f"!(request.userInfo.username in {users} || "
+                          "(has(request.userInfo.groups) && "
+                          f"request.userInfo.groups.exists(g, g in {groups})))"}
+
+
 def match_conditions(policy: Policy) -> list[dict[str, str]]:
-    """The policy's exempt users and groups (engine.exemption) as matchConditions."""
-    out = []
+    """The policy's exempt users and groups (engine.exemption) as a matchCondition."""
     users = policy.spec.exemptions.users
     groups = policy.spec.exemptions.groups
-    if users:
-        out.append({"name": "not-exempt-user",
-                    "expression": f"!(request.userInfo.username in {lit(sorted(users))})"})
-    if groups:
-        listed = lit(sorted(groups))
-        out.append({"name": "not-exempt-group",
-                    "expression": "!(has(request.userInfo.groups) && "
-                                  f"request.userInfo.groups.exists(g, g in {listed}))"})
-    return out
+    if not users and not groups:
+        return []
+    return [not_exempt(lit(sorted(users)), lit(sorted(groups)))]
 
 
 def short_warning_cel(v: str) -> str:
@@ -337,18 +341,31 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
     comments.append("Binds the mutating policy (scope: the policy's matchConstraints).")
     modes = {m for r, m in policy.compiled.modes.items() if r not in stays}
     for mode in (Mode.ENFORCE, Mode.WARN, Mode.AUDIT):
-        if mode not in modes and mode is not Mode.AUDIT:
+        # The enforce policy always exists: it carries the audit annotations (the API server
+        # publishes a policy's annotations whatever its validations decide,
+        # validating/dispatcher.go), so no policy recomputes the analysis only to record it.
+        # The warn and audit policies exist only when a rule is in their mode.
+        if mode not in modes and mode is not Mode.ENFORCE:
             continue
         name = VAP_NAMES[mode]
         validations: list[dict[str, Any]] = []
         audit_annotations: list[dict[str, str]] = []
         if mode is Mode.ENFORCE:
-            validations.append({
-                "expression": f"size({var('denials')}) == 0",
-                "messageExpression": f'{var("denials")}.map(v, "[" + v.rule + "] " + v.path + '
-                                     '": " + v.message).join("; ")',
-                "message": "denied by the GPU sharing policy (gpu-admission)",
-                "reason": "Forbidden"})
+            if mode in modes:
+                validations.append({
+                    "expression": f"size({var('denials')}) == 0",
+                    "messageExpression": f'{var("denials")}.map(v, "[" + v.rule + "] " + '
+                                         'v.path + ": " + v.message).join("; ")',
+                    "message": "denied by the GPU sharing policy (gpu-admission)",
+                    "reason": "Forbidden"})
+            # string(): the record's values are dyn (a homogeneous map literal), and the API
+            # server refuses a valueExpression whose checked type is not string or null
+            # (admission/plugin/cel/compile.go: "must evaluate to one of [string null_type]").
+            for key in ("decision", "workload", "workload-reason", "cuda-version",
+                        "cuda-source", "violations", "warnings"):
+                audit_annotations.append({
+                    "key": key,
+                    "valueExpression": f"string({var('auditRecord')}[{lit(key)}])"})
         elif mode is Mode.WARN:
             for i in range(WARN_SLOTS):
                 last = i == WARN_SLOTS - 1
@@ -359,20 +376,11 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
                                           f"{var('warnings')}[{i}]"),
                     "message": "GPU sharing policy warning (gpu-admission)"})
         else:
-            if mode in modes:
-                validations.append({
-                    "expression": f"size({var('audits')}) == 0",
-                    "messageExpression": f'{var("audits")}.map(v, "[" + v.rule + "] " + v.path '
-                                         '+ ": " + v.message).join("; ")',
-                    "message": "GPU sharing policy audit finding (gpu-admission)"})
-            # string(): the record's values are dyn (a homogeneous map literal), and the API
-            # server refuses a valueExpression whose checked type is not string or null
-            # (admission/plugin/cel/compile.go: "must evaluate to one of [string null_type]").
-            for key in ("decision", "workload", "workload-reason", "cuda-version",
-                        "cuda-source", "violations", "warnings"):
-                audit_annotations.append({
-                    "key": key,
-                    "valueExpression": f"string({var('auditRecord')}[{lit(key)}])"})
+            validations.append({
+                "expression": f"size({var('audits')}) == 0",
+                "messageExpression": f'{var("audits")}.map(v, "[" + v.rule + "] " + v.path '
+                                     '+ ": " + v.message).join("; ")',
+                "message": "GPU sharing policy audit finding (gpu-admission)"})
         exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
         exprs += [a["valueExpression"] for a in audit_annotations]
         spec: dict[str, Any] = {
@@ -393,11 +401,12 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
         comments.append({
             Mode.ENFORCE: "Rules in enforce mode: one validation whose message is the "
                           "webhook's whole denial message (the API server reports only the "
-                          "first failing validation).",
+                          "first failing validation); and the webhook's audit annotations "
+                          "(published as enforce.gpu-admission.io/<key> in the audit log).",
             Mode.WARN: f"Rules in warn mode: one admission warning per validation slot "
                        f"({WARN_SLOTS}; the last joins any further warnings).",
-            Mode.AUDIT: "Rules in audit mode, and the webhook's audit annotations "
-                        "(published as audit.gpu-admission.io/<key> in the audit log).",
+            Mode.AUDIT: "Rules in audit mode (the API server's validation_failure audit "
+                        "annotation).",
         }[mode])
         objects.append(_binding("ValidatingAdmissionPolicy", name, policy, ACTIONS[mode]))
         comments.append(f"Binds {name} with validationActions {ACTIONS[mode]}.")

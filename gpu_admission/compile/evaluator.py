@@ -374,17 +374,14 @@ def _exemption(reason: str, facts: RequestFacts, objects: Sequence[Mapping[str, 
         return ""
     if reason == "namespace":
         return f"namespace {facts.namespace}"
-    if reason == "not-exempt-user":
-        return f"user {facts.user}"
-    if reason == "not-exempt-group":
-        for spec in (o["spec"] for o in objects):
-            for condition in spec.get("matchConditions") or []:
-                if condition["name"] == reason:
-                    for group in facts.groups:
-                        act = activation_of({}, RequestFacts(facts.namespace, user=facts.user,
-                                                          groups=(group,)), {})
-                        if not bool(run(condition["expression"], act)):
-                            return f"group {group}"
+    if reason == "not-exempt":  # users and groups in one condition: which one matched?
+        condition = next(c["expression"] for o in objects
+                         for c in o["spec"].get("matchConditions") or []
+                         if c["name"] == reason)
+        for user, groups in ((facts.user, ()), *((facts.user, (g,)) for g in facts.groups)):
+            act = activation_of({}, RequestFacts(facts.namespace, user=user, groups=groups), {})
+            if not bool(run(condition, act)):
+                return f"user {user}" if not groups else f"group {groups[0]}"
     return reason
 
 

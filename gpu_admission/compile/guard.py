@@ -14,9 +14,10 @@ predicate, :func:`gpu_or_dra_pod` (the webhooks' ``matchConditions``):
 
 The objects are cheap by construction: no GPU analysis (a pod here has no GPU container), each
 container's last ``NVIDIA_VISIBLE_DEVICES`` entry computed once per object (variable
-``guardStates``), the validating policies skipped outright when no guard rule is in their mode
-(a constant ``matchCondition``) and, for the deny policy, when every container already says
-``void``/``none`` and no hostPath is mounted (what the mutating policy leaves on a CPU pod).
+``guardStates``), the warn and audit policies emitted only when a guard rule is in their mode
+and skipped (a ``matchCondition``) when every container already says ``void``/``none`` and no
+hostPath is mounted (what the mutating policy leaves on a CPU pod); the deny policy, which
+also carries the audit annotations, answers such a pod from that one test.
 
 Everything the policy decides enters through four values, so the Helm chart can render the same
 objects from its policy values (:func:`render_guard` with ``helm=True`` writes the chart's
@@ -52,6 +53,7 @@ from .compiler import (
     WARN_SLOTS,
     Compiled,
     needed_variables,
+    not_exempt,
     short_warning_cel,
 )
 from .rules.gpu_access import GuardUnit
@@ -70,8 +72,8 @@ HELM_NAMESPACES = "GUARD_EXCLUDED_NAMESPACES"
 HELM_DIGEST = "GUARD_DIGEST"
 HELM_OPT_IN_KEY = "GUARD_OPT_IN_KEY"
 HELM_OPT_IN_VALUE = "GUARD_OPT_IN_VALUE"
-#: The chart renders the guard's deny (warn) policy and binding only when a guard rule is in
-#: enforce (warn) mode, as compile_guard does for a policy (helper gpu-admission.guard.modeUsed).
+#: The chart renders the guard's warn (audit) policy and binding only when a guard rule is in
+#: warn (audit) mode, as compile_guard does for a policy (helper gpu-admission.guard.modeUsed).
 HELM_MODE_USED = ('{{{{- if include "gpu-admission.guard.modeUsed" '
                   '(dict "root" . "mode" "{mode}") }}}}')
 HELM_INCLUDES = {
@@ -84,12 +86,18 @@ HELM_INCLUDES = {
     HELM_DIGEST: '{{ include "gpu-admission.guard.digest" . }}',
 }
 
-_GPU_NAMES = ("(r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || "
-              "r.startsWith('nvidia.com/mig-') || "
-              "r.startsWith('deviceclass.resource.kubernetes.io/') || "
-              f"r == '{GPU_MEMORY_RESOURCE}' || "
-              # HAMi's resources (engine._maybe_other): rule other-sharing-system is the webhook's
-              + " || ".join(f"r == '{name}'" for name in HAMI_RESOURCES) + ")")
+_NVIDIA_NAMES = sorted(["nvidia.com/gpu", "nvidia.com/gpu.shared", *HAMI_RESOURCES])
+assert all(n.startswith("nvidia.com/") for n in _NVIDIA_NAMES)
+#: One resource name ``r`` is a GPU or DRA one. The nvidia.com/ prefix first: the names of a
+#: typical pod (cpu, memory, ephemeral-storage) fail it and one more test, where a flat
+#: disjunction compared each with every name (this runs for every pod, in the webhooks'
+#: matchConditions and the guard's). HAMi's resources (engine._maybe_other): rule
+#: other-sharing-system is the webhook's.
+_GPU_NAMES = ("(r.startsWith('nvidia.com/') ? (r in ["
+              + ", ".join(f"'{n}'" for n in _NVIDIA_NAMES)
+              + "] || r.startsWith('nvidia.com/mig-')) : "
+              f"(r.startsWith('deviceclass.resource.kubernetes.io/') || "
+              f"r == '{GPU_MEMORY_RESOURCE}'))")
 #: KAI-Scheduler's pod annotations (engine._maybe_other): such pods are the webhook's too.
 _KAI = " || ".join(f"'{key}' in object.metadata.annotations" for key in KAI_ANNOTATIONS)
 
@@ -233,8 +241,9 @@ def _needed(prog: Program, expressions: list[str]) -> list[dict[str, str]]:
 
 
 def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
-    """The guard half for ``policy``: a MutatingAdmissionPolicy and three
-    ValidatingAdmissionPolicies (deny, warn, audit) with their bindings. ``helm``: write the
+    """The guard half for ``policy``: a MutatingAdmissionPolicy and the
+    ValidatingAdmissionPolicies (deny with the audit annotations; warn and audit when a guard
+    rule is in that mode) with their bindings. ``helm``: write the
     policy-dependent values as placeholders for the chart (:data:`HELM_INCLUDES`)."""
     inputs = guard_inputs(policy)
     modes_literal = HELM_MODES if helm else canonical_json(inputs["modes"])
@@ -245,10 +254,7 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
     prog = _program(policy, modes_literal)
     conditions = [
         {"name": "not-a-gpu-or-dra-pod", "expression": f"!({gpu_or_dra_pod()})"},
-        {"name": "not-exempt-user", "expression": f"!(request.userInfo.username in {users})"},
-        {"name": "not-exempt-group",
-         "expression": "!(has(request.userInfo.groups) && "
-                       f"request.userInfo.groups.exists(g, g in {groups}))"}]
+        not_exempt(users, groups)]
     constraints = {
         "resourceRules": [
             {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
@@ -278,29 +284,39 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
                 "decides those): NVIDIA_VISIBLE_DEVICES=void on every container that lacks it, "
                 "on CREATE and for ephemeral containers kubectl debug adds.",
                 "Binds the guard's mutating policy."]
-    # A pod the mutating policy left clean (every container void/none, no hostPath) cannot
-    # violate an enforce rule: the deny policy skips it with one cheap condition.
+    # A pod the mutating policy left clean (every container void/none, no hostPath) has no
+    # finding: the warn and audit policies skip it with one cheap condition, the deny policy
+    # (which records every decision) answers it from the same test (variable ``clean``).
     clean = _clean_pod()
     used = set(inputs["modes"].values())
     for mode in (Mode.ENFORCE, Mode.WARN, Mode.AUDIT):
         name = VAP_NAMES[mode]
-        # The deny and warn policies exist only when a guard rule is in their mode (the
-        # chart: the same test on its modes, HELM_MODE_USED); the audit policy always, it
-        # records every decision. An absent object costs the API server nothing per pod.
-        if mode is not Mode.AUDIT and not helm and str(mode) not in used:
+        # The deny policy always exists: it carries the audit annotations (the API server
+        # publishes them whatever its validations decide, validating/dispatcher.go), so every
+        # decision is recorded by the one policy a CPU pod meets. The warn and audit policies
+        # exist only when a guard rule is in their mode (the chart: the same test on its
+        # modes, HELM_MODE_USED). An absent object costs the API server nothing per pod.
+        if mode is not Mode.ENFORCE and not helm and str(mode) not in used:
             continue
         vap_conditions = list(conditions)
-        if mode is not Mode.AUDIT:  # the audit policy records every decision, clean or not
+        if mode is not Mode.ENFORCE:
             vap_conditions.append({"name": "not-already-clean", "expression": f"!({clean})"})
         validations: list[dict[str, str]] = []
         notes: list[dict[str, str]] = []
         if mode is Mode.ENFORCE:
+            # A clean pod (what the mutating policy leaves on a typical CPU pod) cannot be
+            # denied: one walk of its env entries answers, the guard's analysis is skipped
+            # (variables are evaluated lazily, on first use).
             validations.append({
-                "expression": f"size({var('denials')}) == 0",
+                "expression": f"{var('clean')} || size({var('denials')}) == 0",
                 "messageExpression": f'{var("denials")}.map(v, "[" + v.rule + "] " + v.path + '
                                      '": " + v.message).join("; ")',
                 "message": "denied by the GPU sharing policy (gpu-admission)",
                 "reason": "Forbidden"})
+            clean_value = {"decision": lit("allowed"), "violations": '""', "warnings": '""'}
+            notes = [{"key": key, "valueExpression": f"{var('clean')} ? {clean_value[key]} : "
+                                                     f"string({var('auditRecord')}[{lit(key)}])"}
+                     for key in ("decision", "violations", "warnings")]
         elif mode is Mode.WARN:
             warnings = var("warnings")
             for i in range(WARN_SLOTS):
@@ -311,18 +327,11 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
                                           if last else f"{warnings}[{i}]"),
                     "message": "GPU sharing policy warning (gpu-admission)"})
         else:
-            # A clean pod (what the mutating policy leaves on a typical CPU pod) has no
-            # finding: one walk of its env entries answers, the guard's analysis is skipped
-            # (variables are evaluated lazily, on first use).
             validations.append({
-                "expression": f"{var('clean')} || size({var('audits')}) == 0",
+                "expression": f"size({var('audits')}) == 0",
                 "messageExpression": f'{var("audits")}.map(v, "[" + v.rule + "] " + v.path + '
                                      '": " + v.message).join("; ")',
                 "message": "GPU sharing policy audit finding (gpu-admission)"})
-            clean_value = {"decision": lit("allowed"), "violations": '""', "warnings": '""'}
-            notes = [{"key": key, "valueExpression": f"{var('clean')} ? {clean_value[key]} : "
-                                                     f"string({var('auditRecord')}[{lit(key)}])"}
-                     for key in ("decision", "violations", "warnings")]
         exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
         exprs += [n["valueExpression"] for n in notes]
         spec: dict[str, Any] = {
@@ -335,12 +344,13 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
                         "metadata": _metadata(name, digest), "spec": spec})
         objects.append(_binding("ValidatingAdmissionPolicy", name, digest, ACTIONS[mode]))
         comments += [{Mode.ENFORCE: "The guard's rules in enforce mode: one validation with the "
-                                    "webhook's whole denial message.",
+                                    "webhook's whole denial message; and the webhook's audit "
+                                    "annotations for every decision (read by "
+                                    "`gpu-admission audit`).",
                       Mode.WARN: "The guard's rules in warn mode: one admission warning per "
                                  f"validation slot ({WARN_SLOTS}).",
-                      Mode.AUDIT: "The guard's rules in audit mode, and the webhook's audit "
-                                  "annotations (audit.gpu-admission.io style, read by "
-                                  "`gpu-admission audit`)."}[mode],
+                      Mode.AUDIT: "The guard's rules in audit mode (the API server's "
+                                  "validation_failure audit annotation)."}[mode],
                      f"Binds {name} with validationActions {ACTIONS[mode]}."]
     return Compiled(objects=objects, comments=comments)
 
@@ -410,7 +420,7 @@ def render_guard(policy: Policy, *, helm: bool = False) -> str:
                          width=100, default_flow_style=False)
         text = ("\n".join(head) + "\n" if index == 0 else "") + f"# {comment}\n" + text
         mode = next((m for m, n in VAP_NAMES.items() if n == obj["metadata"]["name"]), None)
-        if helm and mode in (Mode.ENFORCE, Mode.WARN):  # the policy, then its binding
+        if helm and mode in (Mode.WARN, Mode.AUDIT):  # the policy, then its binding
             text = (HELM_MODE_USED.format(mode=mode) + "\n" + text
                     if obj["kind"] == "ValidatingAdmissionPolicy" else text + "{{- end }}\n")
         parts.append(text)

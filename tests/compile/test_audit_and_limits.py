@@ -48,8 +48,12 @@ def test_audit_reads_the_compiled_policies_annotations(tmp_path: Path) -> None:
     facts = RequestFacts(namespace="team-a")
     _, outcome = check("modes", pod, facts)  # memory-limit warn, workload-label audit
     notes = outcome.audit_annotations
-    assert notes["audit.gpu-admission.io/decision"] == "allowed"
-    assert notes["audit.gpu-admission.io/violations"] == "workload-label=audit,memory-limit=warn"
+    # the enforce policy carries the annotations (published whatever it decides); the audit
+    # policy, there for the audit-mode rule, only its validation failure
+    assert notes["enforce.gpu-admission.io/decision"] == "allowed"
+    assert notes["enforce.gpu-admission.io/violations"] == (
+        "workload-label=audit,memory-limit=warn")
+    assert not any(k.startswith("audit.gpu-admission.io/") for k in notes)
     failure = json.loads(notes["validation.policy.admission.k8s.io/validation_failure"])
     assert failure == [{"message": "[workload-label] metadata.labels[gpu-admission.io/workload]: "
                                    "unknown workload 'Training'; use one of training, inference, "
@@ -65,7 +69,7 @@ def test_audit_reads_the_compiled_policies_annotations(tmp_path: Path) -> None:
     record = json.loads(out.stdout)
     assert {k: record[k] for k in ("stage", "decision", "workload", "workloadReason",
                                    "cudaVersion", "cudaSource", "modes", "warningCount")} == {
-        "stage": "audit.gpu-admission.io", "decision": "allowed", "workload": "notebook",
+        "stage": "enforce.gpu-admission.io", "decision": "allowed", "workload": "notebook",
         "workloadReason": "default", "cudaVersion": "12.4",
         "cudaSource": "image nvcr.io/nvidia/tritonserver:24.05-py3 (spec.containers[0])",
         "modes": {"workload-label": "audit", "memory-limit": "warn"}, "warningCount": 1}
@@ -76,7 +80,7 @@ def test_a_denied_pod_is_recorded_as_denied() -> None:
                    containers=[make_container(resource="nvidia.com/gpu.shared")])
     expected, outcome = check("default", pod, RequestFacts(namespace="team-a"))
     assert not expected.allowed
-    assert outcome.audit_annotations["audit.gpu-admission.io/decision"] == "denied"
+    assert outcome.audit_annotations["enforce.gpu-admission.io/decision"] == "denied"
     assert outcome.denial == ("ValidatingAdmissionPolicy 'enforce.gpu-admission.io' with binding "
                               "'enforce.gpu-admission.io' denied request: "
                               + expected.denial_message())

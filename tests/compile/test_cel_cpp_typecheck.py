@@ -408,7 +408,7 @@ def test_a_dyn_audit_annotation_value_is_caught() -> None:
     """Without ``string()`` the audit values are ``dyn`` (the record map holds dyn values), which
     the API server refuses for a ``valueExpression``."""
     obj = copy.deepcopy(next(o for o in compiled("default").objects
-                             if o["metadata"]["name"] == "audit.gpu-admission.io"
+                             if o["metadata"]["name"] == "enforce.gpu-admission.io"
                              and o["kind"] == "ValidatingAdmissionPolicy"))
     for note in obj["spec"]["auditAnnotations"]:
         note["valueExpression"] = note["valueExpression"].removeprefix("string(")[:-1]

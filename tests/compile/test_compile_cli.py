@@ -78,14 +78,14 @@ def test_partial_writes_the_objects_and_names_what_stays(partial_output: str) ->
         ("ValidatingAdmissionPolicyBinding", "enforce.gpu-admission.io"),
         ("ValidatingAdmissionPolicy", "warn.gpu-admission.io"),
         ("ValidatingAdmissionPolicyBinding", "warn.gpu-admission.io"),
-        ("ValidatingAdmissionPolicy", "audit.gpu-admission.io"),
-        ("ValidatingAdmissionPolicyBinding", "audit.gpu-admission.io"),
+        # (no audit policy: the built-in policy has no rule in audit mode; the enforce
+        # policy carries the audit annotations)
         # the guard half: pods without a GPU or DRA resource (compile --guard)
         ("MutatingAdmissionPolicy", "guard.gpu-admission.io"),
         ("MutatingAdmissionPolicyBinding", "guard.gpu-admission.io"),
-        # (no guard-warn: the built-in policy has no guard rule in warn mode)
-        *((kind, f"guard-{mode}.gpu-admission.io") for mode in ("enforce", "audit")
-          for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")),
+        # (no guard-warn, no guard-audit: no guard rule in those modes)
+        ("ValidatingAdmissionPolicy", "guard-enforce.gpu-admission.io"),
+        ("ValidatingAdmissionPolicyBinding", "guard-enforce.gpu-admission.io"),
         ("ConfigMap", "gpu-admission-policy"),
         ("MutatingWebhookConfiguration", "gpu-admission"),
         ("ValidatingWebhookConfiguration", "gpu-admission")]
@@ -94,9 +94,7 @@ def test_partial_writes_the_objects_and_names_what_stays(partial_output: str) ->
     actions = {d["metadata"]["name"]: d["spec"]["validationActions"]
                for d in docs(partial_output) if d["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert actions == {"enforce.gpu-admission.io": ["Deny"], "warn.gpu-admission.io": ["Warn"],
-                       "audit.gpu-admission.io": ["Audit"],
-                       "guard-enforce.gpu-admission.io": ["Deny"],
-                       "guard-audit.gpu-admission.io": ["Audit"]}
+                       "guard-enforce.gpu-admission.io": ["Deny"]}
 
 
 @pytest.mark.parametrize("version", SCHEMAS)

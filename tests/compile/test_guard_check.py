@@ -52,7 +52,7 @@ def test_drift_and_missing_objects_are_named(tmp_path: Path) -> None:
     leftover = next(o for o in compile_guard(policy_from_dict(doc)).objects  # an older policy's
                     if o["metadata"]["name"] == "guard-warn.gpu-admission.io")
     doc = default_policy().model_dump(mode="json", by_alias=True)
-    with api_in_thread(tmp_path, objects[0], stale, leftover) as kubeconfig:
+    with api_in_thread(tmp_path, stale, leftover) as kubeconfig:  # objects[0] missing
         proc = check(kubeconfig)
         doc["spec"]["exemptions"]["users"] = ["ci-bot"]
         policy.write_text(yaml.safe_dump(doc))
@@ -62,7 +62,9 @@ def test_drift_and_missing_objects_are_named(tmp_path: Path) -> None:
     name = stale["metadata"]["name"]
     assert (f"ValidatingAdmissionPolicy {name}: guard digest sha256:0000000000000000, the "
             f"policy's is {guard_digest(default_policy())}: compile and apply again") in lines
-    assert sum("missing" in line for line in lines) == 1  # the audit policy
+    assert [line for line in lines if "missing" in line] == [
+        "MutatingAdmissionPolicy guard.gpu-admission.io: missing (the guard is not in the "
+        "API server: apply `gpu-admission compile --guard` or the webhook fallback)"]
     # the built-in policy has no guard rule in warn mode: a warn policy left behind is named
     assert ("ValidatingAdmissionPolicy guard-warn.gpu-admission.io: not part of this policy's "
             "guard (no guard rule in its mode): delete it with its binding") in lines
@@ -85,8 +87,9 @@ def test_unreachable_api_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_audit_reads_the_guard_halfs_annotations(tmp_path: Path) -> None:
-    """The guard's audit policy publishes ``guard-audit.gpu-admission.io/<key>`` in the API
-    server's audit log; ``gpu-admission audit`` reads them like the webhook's."""
+    """The guard's deny policy publishes ``guard-enforce.gpu-admission.io/<key>`` in the API
+    server's audit log (whatever it decides); ``gpu-admission audit`` reads them like the
+    webhook's."""
     doc = default_policy().model_dump(mode="json", by_alias=True)
     doc["spec"]["rules"]["gpu-visible-devices"] = "warn"
     policy = type(default_policy()).model_validate(doc)
@@ -94,10 +97,10 @@ def test_audit_reads_the_guard_halfs_annotations(tmp_path: Path) -> None:
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])])
     outcome = admit(compile_guard(policy).objects, pod, RequestFacts(namespace="team-a"))
     notes = outcome.audit_annotations
-    assert {k: v for k, v in notes.items() if k.startswith("guard-audit.")} == {
-        "guard-audit.gpu-admission.io/decision": "allowed",
-        "guard-audit.gpu-admission.io/violations": "gpu-visible-devices=warn",
-        "guard-audit.gpu-admission.io/warnings": "1"}
+    assert {k: v for k, v in notes.items() if k.startswith("guard-")} == {
+        "guard-enforce.gpu-admission.io/decision": "allowed",
+        "guard-enforce.gpu-admission.io/violations": "gpu-visible-devices=warn",
+        "guard-enforce.gpu-admission.io/warnings": "1"}
     log = tmp_path / "audit.log"
     log.write_text(json.dumps(_event({"authorization.k8s.io/decision": "allow", **notes},
                                      "c0ffee00-0000-4000-8000-000000000002")) + "\n")
@@ -106,5 +109,5 @@ def test_audit_reads_the_guard_halfs_annotations(tmp_path: Path) -> None:
                          check=True)
     record = json.loads(out.stdout)
     assert {k: record[k] for k in ("stage", "decision", "modes", "warningCount")} == {
-        "stage": "guard-audit.gpu-admission.io", "decision": "allowed",
+        "stage": "guard-enforce.gpu-admission.io", "decision": "allowed",
         "modes": {"gpu-visible-devices": "warn"}, "warningCount": 1}

@@ -203,16 +203,17 @@ def test_what_an_outage_does() -> None:
                          ids="-".join)
 def test_guard_compiles_for_every_mode_combination(modes: tuple[str, str, str]) -> None:
     """Bad input cannot silently drop the guard: every mode of the three rules compiles (the
-    modes are data in the CEL); the deny and warn policies are there exactly when a guard rule
-    is in their mode (an absent one costs the API server nothing), the audit policy always
-    (it records every decision); each policy with its binding."""
+    modes are data in the CEL); the warn and audit policies are there exactly when a guard
+    rule is in their mode (an absent one costs the API server nothing), the deny policy always
+    (it carries the audit annotations: it records every decision); each policy with its
+    binding."""
     doc = default_policy().model_dump(mode="json", by_alias=True)
     rules = (gpu_access.ISOLATION, gpu_access.VISIBLE_DEVICES, gpu_access.DEVICE_HOSTPATH)
     doc["spec"]["rules"].update(dict(zip(rules, modes, strict=True)))
     objects = compile_guard(policy_from_dict(doc)).objects
     names = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
-    expected = {f"guard-{m}.gpu-admission.io" for m in ("enforce", "warn") if m in modes}
-    assert names == expected | {"guard-audit.gpu-admission.io"}
+    expected = {f"guard-{m}.gpu-admission.io" for m in ("warn", "audit") if m in modes}
+    assert names == expected | {"guard-enforce.gpu-admission.io"}
     bound = {o["spec"]["policyName"] for o in objects
              if o["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert bound == names

@@ -75,8 +75,9 @@ GUARD_OBJECTS = [f"{kind}/{name}" for name, kinds in (
     ("guard.gpu-admission.io", ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")),
     *((f"guard-{m}.gpu-admission.io", ("ValidatingAdmissionPolicy",
                                         "ValidatingAdmissionPolicyBinding"))
-      # no guard-warn: the built-in policy has no guard rule in warn mode
-      for m in ("enforce", "audit"))) for kind in kinds]
+      # no guard-warn, no guard-audit: the built-in policy has no guard rule in those modes
+      # (guard-enforce carries the audit annotations)
+      for m in ("enforce",))) for kind in kinds]
 K8S_VERSIONS = ["1.30.0", "1.37.0"]  # matchConditions are GA from 1.30
 BUILTIN_GROUPS = {"v1", "apps/v1", "batch/v1", "policy/v1", "rbac.authorization.k8s.io/v1",
                   "admissionregistration.k8s.io/v1"}

@@ -51,17 +51,14 @@ spec:
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
         (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))))))))
-  - name: not-exempt-user
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))))
+  - name: not-exempt
     expression: |-
-      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
-  - name: not-exempt-group
-    expression: |-
-      !(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }}))
+      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
   - name: not-already-clean
     expression: |-
       !((!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
@@ -148,8 +145,7 @@ metadata:
 spec:
   policyName: guard.gpu-admission.io
 ---
-{{- if include "gpu-admission.guard.modeUsed" (dict "root" . "mode" "enforce") }}
-# The guard's rules in enforce mode: one validation with the webhook's whole denial message.
+# The guard's rules in enforce mode: one validation with the webhook's whole denial message; and the webhook's audit annotations for every decision (read by `gpu-admission audit`).
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
 metadata:
@@ -198,20 +194,14 @@ spec:
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
         (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))))))))
-  - name: not-exempt-user
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))))
+  - name: not-exempt
     expression: |-
-      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
-  - name: not-exempt-group
-    expression: |-
-      !(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }}))
-  - name: not-already-clean
-    expression: |-
-      !(!(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
+      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
   variables:
   - name: modes
     expression: |-
@@ -247,14 +237,40 @@ spec:
     expression: |-
       // the guard's violations in enforce mode
       variables.violations.filter(v, variables.modes[v.rule] == "enforce")
+  - name: warns
+    expression: |-
+      // the guard's violations in warn mode
+      variables.violations.filter(v, variables.modes[v.rule] == "warn")
+  - name: warnings
+    expression: |-
+      // engine.short_warning per warn-mode violation, duplicates dropped
+      variables.warns.map(v, [(v.rule + ": " + v.message).split(" ").filter(s, s != "").join(" ")].map(t, size(t) <= 120 ? t : [t.substring(0, 117)].map(s, s.endsWith(" ") ? s.substring(0, size(s) - 1) : s)[0] + "...")[0]).distinct()
+  - name: clean
+    expression: |-
+      // every container void/none and no hostPath: no finding (the audit policy's shortcut past the analysis)
+      !(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"]))))
+  - name: auditRecord
+    expression: |-
+      // the webhook's audit annotations for a pod without a GPU
+      {"decision": dyn(size(variables.denials) > 0 ? "denied" : "allowed"), "violations": dyn(variables.violations.map(v, v.rule + "=" + variables.modes[v.rule]).join(",")), "warnings": dyn(size(variables.warnings) > 0 ? string(size(variables.warnings)) : "")}
   validations:
   - expression: |-
-      size(variables.denials) == 0
+      variables.clean || size(variables.denials) == 0
     messageExpression: |-
       variables.denials.map(v, "[" + v.rule + "] " + v.path + ": " + v.message).join("; ")
     message: |-
       denied by the GPU sharing policy (gpu-admission)
     reason: Forbidden
+  auditAnnotations:
+  - key: decision
+    valueExpression: |-
+      variables.clean ? "allowed" : string(variables.auditRecord["decision"])
+  - key: violations
+    valueExpression: |-
+      variables.clean ? "" : string(variables.auditRecord["violations"])
+  - key: warnings
+    valueExpression: |-
+      variables.clean ? "" : string(variables.auditRecord["warnings"])
 ---
 # Binds guard-enforce.gpu-admission.io with validationActions ['Deny'].
 apiVersion: admissionregistration.k8s.io/v1
@@ -270,7 +286,6 @@ spec:
   policyName: guard-enforce.gpu-admission.io
   validationActions:
   - Deny
-{{- end }}
 ---
 {{- if include "gpu-admission.guard.modeUsed" (dict "root" . "mode" "warn") }}
 # The guard's rules in warn mode: one admission warning per validation slot (16).
@@ -322,17 +337,14 @@ spec:
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
         (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))))))))
-  - name: not-exempt-user
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))))
+  - name: not-exempt
     expression: |-
-      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
-  - name: not-exempt-group
-    expression: |-
-      !(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }}))
+      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
   - name: not-already-clean
     expression: |-
       !(!(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
@@ -474,7 +486,8 @@ spec:
   - Warn
 {{- end }}
 ---
-# The guard's rules in audit mode, and the webhook's audit annotations (audit.gpu-admission.io style, read by `gpu-admission audit`).
+{{- if include "gpu-admission.guard.modeUsed" (dict "root" . "mode" "audit") }}
+# The guard's rules in audit mode (the API server's validation_failure audit annotation).
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
 metadata:
@@ -523,17 +536,17 @@ spec:
         (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
         (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)) ||
         (has(object.spec.containers) && object.spec.containers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores')))))) ||
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory'))))))) ||
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
-            (has(c.resources.limits) && c.resources.limits.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))) ||
-            (has(c.resources.requests) && c.resources.requests.exists(r, (r == 'nvidia.com/gpu' || r == 'nvidia.com/gpu.shared' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory' || r == 'nvidia.com/gpumem' || r == 'nvidia.com/gpumem-percentage' || r == 'nvidia.com/gpucores'))))))))
-  - name: not-exempt-user
+            (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
+            (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))))
+  - name: not-exempt
     expression: |-
-      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }})
-  - name: not-exempt-group
+      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
+  - name: not-already-clean
     expression: |-
-      !(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }}))
+      !(!(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
   variables:
   - name: modes
     expression: |-
@@ -565,47 +578,17 @@ spec:
     expression: |-
       // every violation, in the engine's order
       variables.guardViolations
-  - name: denials
-    expression: |-
-      // the guard's violations in enforce mode
-      variables.violations.filter(v, variables.modes[v.rule] == "enforce")
-  - name: warns
-    expression: |-
-      // the guard's violations in warn mode
-      variables.violations.filter(v, variables.modes[v.rule] == "warn")
   - name: audits
     expression: |-
       // the guard's violations in audit mode
       variables.violations.filter(v, variables.modes[v.rule] == "audit")
-  - name: warnings
-    expression: |-
-      // engine.short_warning per warn-mode violation, duplicates dropped
-      variables.warns.map(v, [(v.rule + ": " + v.message).split(" ").filter(s, s != "").join(" ")].map(t, size(t) <= 120 ? t : [t.substring(0, 117)].map(s, s.endsWith(" ") ? s.substring(0, size(s) - 1) : s)[0] + "...")[0]).distinct()
-  - name: clean
-    expression: |-
-      // every container void/none and no hostPath: no finding (the audit policy's shortcut past the analysis)
-      !(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"]))))
-  - name: auditRecord
-    expression: |-
-      // the webhook's audit annotations for a pod without a GPU
-      {"decision": dyn(size(variables.denials) > 0 ? "denied" : "allowed"), "violations": dyn(variables.violations.map(v, v.rule + "=" + variables.modes[v.rule]).join(",")), "warnings": dyn(size(variables.warnings) > 0 ? string(size(variables.warnings)) : "")}
   validations:
   - expression: |-
-      variables.clean || size(variables.audits) == 0
+      size(variables.audits) == 0
     messageExpression: |-
       variables.audits.map(v, "[" + v.rule + "] " + v.path + ": " + v.message).join("; ")
     message: |-
       GPU sharing policy audit finding (gpu-admission)
-  auditAnnotations:
-  - key: decision
-    valueExpression: |-
-      variables.clean ? "allowed" : string(variables.auditRecord["decision"])
-  - key: violations
-    valueExpression: |-
-      variables.clean ? "" : string(variables.auditRecord["violations"])
-  - key: warnings
-    valueExpression: |-
-      variables.clean ? "" : string(variables.auditRecord["warnings"])
 ---
 # Binds guard-audit.gpu-admission.io with validationActions ['Audit'].
 apiVersion: admissionregistration.k8s.io/v1
@@ -621,3 +604,4 @@ spec:
   policyName: guard-audit.gpu-admission.io
   validationActions:
   - Audit
+{{- end }}

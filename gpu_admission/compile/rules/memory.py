@@ -111,6 +111,22 @@ def _mps_check() -> str:
             f"  : {bad}[0].matches({_MPS_RE}) ? \"exceeds\" : \"invalid\"")
 
 
+def _written_values_ok(policy: Policy) -> set[str]:
+    """The env names whose written value (``memory.wanted_env``'s, for every pool and for an
+    unknown pool, one and two devices) passes the engine's check of a value already there:
+    for those a value equal to the written one is "ok" without parsing it. A pool whose own
+    value would fail its check (0 MiB per replica, a fraction that rounds to 0) keeps the
+    full check for every pod."""
+    limits = policy.spec.memory_limits
+    ok: dict[str, bool] = {}
+    for pool in [None, *policy.compiled.pools]:
+        for devices in (1, 2):
+            wanted, _ = memory.wanted_env(pool, limits, devices)
+            for name, value, check, _expected in wanted:
+                ok[name] = ok.get(name, True) and check(value) is True
+    return {name for name, good in ok.items() if good}
+
+
 class MemoryUnit:
     ids: tuple[str, ...] = (memory.LIMIT, memory.UNVERIFIABLE)
 
@@ -168,13 +184,21 @@ class MemoryUnit:
         gpu = var("gpu")
         env = "env"  # bound below to the container's env list ([] when absent)
         rows = []
+        written_ok = _written_values_ok(policy)
         for name, value, check, expected in wanted:
             found = f"names.lastIndexOf({lit(name)})"  # names: the env entries' names
             last = "at"  # bound below: the index of the last entry named `name`, or -1
             entry = f"{env}[at]"
+            # The value the mutating policy writes is "ok" by the engine's own check (asserted
+            # at compile time for every pool, _written_values_ok): the validating policies,
+            # which see the mutated pod, answer it with one string comparison instead of the
+            # regular expressions and the largeFractions walk (issue 21).
+            shortcut = (f"  : {entry}.value == {value} ? \"ok\"\n"
+                        if name in written_ok else "")
             state = (f"{last} < 0 ? \"upsert\"\n"
                      f"  : has({entry}.valueFrom) ? \"unverifiable\"\n"
                      f"  : !(has({entry}.value) && {entry}.value.trim() != \"\") ? \"upsert\"\n"
+                     + shortcut +
                      f"  : [{entry}.value].map(v, {check})[0]")
             row = rec(name=lit(name), at=last, value=value, expected=expected, state=state,
                       current=f'{last} >= 0 && has({entry}.value) ? {entry}.value : ""')

@@ -92,6 +92,15 @@ class OtherSystemsUnit:
                 ".filter(r, size(r.parts) > 0)")
         prog.add("hamiAsks", concat(records),
                  "sharing_systems.analyse: containers with a non-zero HAMi resource")
+        names = lit(list(HAMI_RESOURCES))
+        named = " || ".join(f"({has_path('c', 'resources', key)} && "
+                            f"c.resources.{key}.exists(r, r in {names}))"
+                            for key in ("limits", "requests"))
+        # One walk of the resource names first: the quantities (hamiAsks) only for a pod
+        # that names a HAMi resource at all (variables are evaluated lazily).
+        prog.add("hamiNamed", " || ".join(f"{var(kind)}.exists(c, {named})"
+                                          for kind in ("containers", "initContainers")),
+                 "a container or init container names a HAMi resource")
         hami_why = f'"HAMi vGPU " + string({var("hamiAsks")}[0].parts.join(", "))'
         kai_msg = self._message(KAI, kai_why)
         hami_msg = self._message(HAMI, hami_why)
@@ -99,7 +108,7 @@ class OtherSystemsUnit:
         prog.violations.append(
             f'request.operation == "CREATE" || {var("isGpu")}\n'
             f"  ? ({kai_ask} ? [{violation(rule, kai_path, kai_msg)}]\n"
-            f'     : size({var("hamiAsks")}) > 0 ? '
+            f'     : {var("hamiNamed")} && size({var("hamiAsks")}) > 0 ? '
             f'[{violation(rule, "string(" + var("hamiAsks") + "[0].path)", hami_msg)}] : [])\n'
             "  : []")
 
