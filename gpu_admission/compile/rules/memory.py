@@ -208,6 +208,29 @@ class MemoryUnit:
             else:
                 row = f"[{row}]"
             rows.append(row)
+        # The pod as the mutating policy leaves it (what the validating policies see): the
+        # last entry of every wanted name holds exactly the written value, so every state is
+        # "ok" (not valueFrom, not blank, and the written values pass the engine's checks,
+        # _written_values_ok): no finding, no upsert. memEnv (a record per name) is then never
+        # evaluated for such a pod: variables are lazy (issue 21).
+        settled = []
+        for name, value, _check, _expected in wanted:
+            same = (f"[names.lastIndexOf({lit(name)})].all(at, at >= 0 && "
+                    f"has(c.env[at].value) && !has(c.env[at].valueFrom) && "
+                    f"c.env[at].value != \"\" && c.env[at].value == {value})")
+            if name == memory.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:
+                same = f"(!{var('mps')} || {same})"
+            settled.append(same)
+        if all(name in written_ok for name, *_ in wanted) and settled:
+            body = " &&\n    ".join(settled)
+            prog.add("memSettled",
+                     f"!{var('memApplies')} || {gpu}.all(g, [g.c].all(c, has(c.env) && "
+                     f"[c.env.map(e, e.name)].all(names,\n    {body})))",
+                     "every GPU container's last entry of each memory variable holds exactly "
+                     "the value the mutating policy writes: no finding, no upsert")
+        else:
+            prog.add("memSettled", "false", "a written value would fail its own check: "
+                                            "always the full analysis")
         prog.add("memEnv",
                  f"{var('memApplies')} ? {gpu}.map(g, [has(g.c.env) ? g.c.env : []].map(env, "
                  f"[env.map(e, e.name)].map(names, {rec(g='g', env=concat(rows))})[0])[0]) : []",
@@ -225,6 +248,7 @@ class MemoryUnit:
                 f"{lit(memory.LIMIT)}")
         path = f'{container_path("m.g")} + ".env[" + string(w.at) + "]"'
         prog.violations.append(
+            f"{var('memSettled')} ? [] : "
             f"{var('memEnv')}.map(m, m.env.filter(w, w.state in [\"unverifiable\", "
             f"\"exceeds\", \"invalid\"]).map(w, {srec(rule=rule, path=path, message=message)}))"
             ".flatten()")
@@ -238,5 +262,6 @@ class MemoryUnit:
         whole = f"[{whole_op}]"
         each = f"{ups}.map(w, w.at < 0 ? {append_op} : {replace_op})"
         prog.env_ops.append(
+            f"{var('memSettled')} ? [] : "
             f"{var('memEnv')}.filter(m, {ups}.size() > 0).map(m, !has(m.g.c.env) ? {whole} "
             f": {each}).flatten()")
