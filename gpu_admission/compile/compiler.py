@@ -146,6 +146,35 @@ def short_warning_cel(v: str) -> str:
             f'.map(s, s.endsWith(" ") ? s.substring(0, size(s) - 1) : s)[0] + "...")[0]')
 
 
+def violations_validation(name: str, message: str, *, passes: str = "",
+                          reason: str | None = None) -> dict[str, str]:
+    """One validation over the violation list ``variables.<name>``: it fails when the list is
+    not empty, with the webhook's message (``[rule] path: message; ...``), since the API server
+    reports only the first failing validation of a policy. ``passes``: a CEL test that
+    answers without the list (the guard's clean pod)."""
+    items = var(name)
+    out = {"expression": f"{passes + ' || ' if passes else ''}size({items}) == 0",
+           "messageExpression": f'{items}.map(v, "[" + v.rule + "] " + v.path + ": " + '
+                                'v.message).join("; ")',
+           "message": message}
+    if reason:
+        out["reason"] = reason
+    return out
+
+
+def warning_validations(warnings: str) -> list[dict[str, str]]:
+    """One validation per warning slot over the list ``warnings`` (a CEL expression): an
+    admission warning each; the last slot joins any further warnings."""
+    out = []
+    for i in range(WARN_SLOTS):
+        last = i == WARN_SLOTS - 1
+        out.append({"expression": f"size({warnings}) <= {i}",
+                    "messageExpression": (f'{warnings}.slice({i}, size({warnings})).join("; ")'
+                                          if last else f"{warnings}[{i}]"),
+                    "message": "GPU sharing policy warning (gpu-admission)"})
+    return out
+
+
 def build_program(policy: Policy, *, partial: bool
                   ) -> tuple[Program, dict[str, WebhookOnly]]:
     """Run the analysis and every unit; collect the rules that stay with the webhook."""
@@ -352,12 +381,9 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
         audit_annotations: list[dict[str, str]] = []
         if mode is Mode.ENFORCE:
             if mode in modes:
-                validations.append({
-                    "expression": f"size({var('denials')}) == 0",
-                    "messageExpression": f'{var("denials")}.map(v, "[" + v.rule + "] " + '
-                                         'v.path + ": " + v.message).join("; ")',
-                    "message": "denied by the GPU sharing policy (gpu-admission)",
-                    "reason": "Forbidden"})
+                validations.append(violations_validation(
+                    "denials", "denied by the GPU sharing policy (gpu-admission)",
+                    reason="Forbidden"))
             # string(): the record's values are dyn (a homogeneous map literal), and the API
             # server refuses a valueExpression whose checked type is not string or null
             # (admission/plugin/cel/compile.go: "must evaluate to one of [string null_type]").
@@ -367,20 +393,10 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
                     "key": key,
                     "valueExpression": f"string({var('auditRecord')}[{lit(key)}])"})
         elif mode is Mode.WARN:
-            for i in range(WARN_SLOTS):
-                last = i == WARN_SLOTS - 1
-                validations.append({
-                    "expression": f"size({var('warnings')}) <= {i}",
-                    "messageExpression": (f"{var('warnings')}.slice({i}, size({var('warnings')}))"
-                                          '.join("; ")' if last else
-                                          f"{var('warnings')}[{i}]"),
-                    "message": "GPU sharing policy warning (gpu-admission)"})
+            validations += warning_validations(var("warnings"))
         else:
-            validations.append({
-                "expression": f"size({var('audits')}) == 0",
-                "messageExpression": f'{var("audits")}.map(v, "[" + v.rule + "] " + v.path '
-                                     '+ ": " + v.message).join("; ")',
-                "message": "GPU sharing policy audit finding (gpu-admission)"})
+            validations.append(violations_validation(
+                "audits", "GPU sharing policy audit finding (gpu-admission)"))
         exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
         exprs += [a["valueExpression"] for a in audit_annotations]
         spec: dict[str, Any] = {

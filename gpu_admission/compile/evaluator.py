@@ -378,10 +378,11 @@ def _exemption(reason: str, facts: RequestFacts, objects: Sequence[Mapping[str, 
         condition = next(c["expression"] for o in objects
                          for c in o["spec"].get("matchConditions") or []
                          if c["name"] == reason)
-        for user, groups in ((facts.user, ()), *((facts.user, (g,)) for g in facts.groups)):
-            act = activation_of({}, RequestFacts(facts.namespace, user=user, groups=groups), {})
+        for groups in ((), *((g,) for g in facts.groups)):  # the user alone, then each group
+            act = activation_of({}, RequestFacts(facts.namespace, user=facts.user,
+                                                 groups=groups), {})
             if not bool(run(condition, act)):
-                return f"user {user}" if not groups else f"group {groups[0]}"
+                return f"group {groups[0]}" if groups else f"user {facts.user}"
     return reason
 
 

@@ -55,6 +55,8 @@ from .compiler import (
     needed_variables,
     not_exempt,
     short_warning_cel,
+    violations_validation,
+    warning_validations,
 )
 from .rules.gpu_access import GuardUnit
 from .units import Program
@@ -307,31 +309,18 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
             # A clean pod (what the mutating policy leaves on a typical CPU pod) cannot be
             # denied: one walk of its env entries answers, the guard's analysis is skipped
             # (variables are evaluated lazily, on first use).
-            validations.append({
-                "expression": f"{var('clean')} || size({var('denials')}) == 0",
-                "messageExpression": f'{var("denials")}.map(v, "[" + v.rule + "] " + v.path + '
-                                     '": " + v.message).join("; ")',
-                "message": "denied by the GPU sharing policy (gpu-admission)",
-                "reason": "Forbidden"})
+            validations.append(violations_validation(
+                "denials", "denied by the GPU sharing policy (gpu-admission)",
+                passes=var("clean"), reason="Forbidden"))
             clean_value = {"decision": lit("allowed"), "violations": '""', "warnings": '""'}
             notes = [{"key": key, "valueExpression": f"{var('clean')} ? {clean_value[key]} : "
                                                      f"string({var('auditRecord')}[{lit(key)}])"}
                      for key in ("decision", "violations", "warnings")]
         elif mode is Mode.WARN:
-            warnings = var("warnings")
-            for i in range(WARN_SLOTS):
-                last = i == WARN_SLOTS - 1
-                validations.append({
-                    "expression": f"size({warnings}) <= {i}",
-                    "messageExpression": (f'{warnings}.slice({i}, size({warnings})).join("; ")'
-                                          if last else f"{warnings}[{i}]"),
-                    "message": "GPU sharing policy warning (gpu-admission)"})
+            validations += warning_validations(var("warnings"))
         else:
-            validations.append({
-                "expression": f"size({var('audits')}) == 0",
-                "messageExpression": f'{var("audits")}.map(v, "[" + v.rule + "] " + v.path + '
-                                     '": " + v.message).join("; ")',
-                "message": "GPU sharing policy audit finding (gpu-admission)"})
+            validations.append(violations_validation(
+                "audits", "GPU sharing policy audit finding (gpu-admission)"))
         exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
         exprs += [n["valueExpression"] for n in notes]
         spec: dict[str, Any] = {
