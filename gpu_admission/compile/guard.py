@@ -50,8 +50,10 @@ from .compiler import (
     EPHEMERAL_RESOURCE,
     GROUP,
     LABELS,
+    POLICY_KINDS,
     WARN_SLOTS,
     Compiled,
+    inline_constants,
     needed_variables,
     not_exempt,
     short_warning_cel,
@@ -78,6 +80,10 @@ HELM_OPT_IN_VALUE = "GUARD_OPT_IN_VALUE"
 #: warn (audit) mode, as compile_guard does for a policy (helper gpu-admission.guard.modeUsed).
 HELM_MODE_USED = ('{{{{- if include "gpu-admission.guard.modeUsed" '
                   '(dict "root" . "mode" "{mode}") }}}}')
+#: The chart keeps the exempt users/groups condition only when the policy names some, as
+#: compile_guard does (helper gpu-admission.guard.exempting): an always-false condition is one
+#: more evaluation per pod in each guard object.
+HELM_EXEMPTING = '{{- if include "gpu-admission.guard.exempting" . }}'
 HELM_INCLUDES = {
     HELM_OPT_IN_KEY: "{{ .Values.webhook.namespaceOptInLabel.key }}",
     HELM_OPT_IN_VALUE: "{{ .Values.webhook.namespaceOptInLabel.value | quote }}",
@@ -155,8 +161,9 @@ def _metadata(name: str, digest: str) -> dict[str, Any]:
 
 
 def _program(policy: Policy, modes_literal: str) -> Program:
-    """The guard's variables: GuardUnit (no GPU analysis, modes read from ``variables.modes``)
-    and the per-mode lists, the patch and the audit record."""
+    """The guard's variables: GuardUnit (no GPU analysis, modes read from ``variables.modes``,
+    a literal that inline_constants writes into its readers) and the per-mode lists, the patch
+    and the audit record."""
     prog = Program()
     prog.add("modes", modes_literal, "rule id -> mode of the three guard rules (the policy's)")
     GuardUnit(gpu=False, modes=var("modes")).emit(policy, prog)
@@ -254,9 +261,9 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
     excluded: list[str] | str = HELM_NAMESPACES if helm else inputs["excludedNamespaces"]
     digest = HELM_DIGEST if helm else guard_digest(policy)
     prog = _program(policy, modes_literal)
-    conditions = [
-        {"name": "not-a-gpu-or-dra-pod", "expression": f"!({gpu_or_dra_pod()})"},
-        not_exempt(users, groups)]
+    conditions = [{"name": "not-a-gpu-or-dra-pod", "expression": f"!({gpu_or_dra_pod()})"}]
+    if helm or inputs["users"] or inputs["groups"]:  # the chart decides (HELM_EXEMPTING)
+        conditions.append(not_exempt(users, groups))
     constraints = {
         "resourceRules": [
             {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
@@ -341,6 +348,9 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
                       Mode.AUDIT: "The guard's rules in audit mode (the API server's "
                                   "validation_failure audit annotation)."}[mode],
                      f"Binds {name} with validationActions {ACTIONS[mode]}."]
+    for obj in objects:
+        if obj["kind"] in POLICY_KINDS:
+            inline_constants(obj["spec"], [HELM_MODES] if helm else [])
     return Compiled(objects=objects, comments=comments)
 
 
@@ -415,10 +425,28 @@ def render_guard(policy: Policy, *, helm: bool = False) -> str:
         parts.append(text)
     text = "---\n".join(parts)
     if helm:
+        text = _helm_exempting(text)
         for placeholder, include in HELM_INCLUDES.items():
             text = text.replace(placeholder, include)
     return text
 
+
+
+def _helm_exempting(text: str) -> str:
+    """Wrap each ``not-exempt`` matchCondition (its item: the name line and the more indented
+    lines under it) in :data:`HELM_EXEMPTING`."""
+    out: list[str] = []
+    inside = False
+    for line in text.splitlines(keepends=True):
+        if inside and not line.startswith("    "):
+            out.append("{{- end }}\n")
+            inside = False
+        if line == "  - name: not-exempt\n":
+            out.append(HELM_EXEMPTING + "\n")
+            inside = True
+        out.append(line)
+    assert not inside, "a not-exempt condition ends the stream"
+    return "".join(out)
 
 
 def webhook_fallback_condition() -> str:

@@ -249,10 +249,9 @@ def serving_image_rows() -> list[ImageRow]:
     return rows
 
 
-def _image_rule(rule: ImageRow, i: str) -> str:
-    """``ImageRule.matches`` over the split reference of image ``i``."""
-    reg, repo, tag, dig = (f"{var(n)}[{i}]" for n in ("imgRegistry", "imgRepo", "imgTag",
-                                                        "imgDigest"))
+def _image_rule(rule: ImageRow, m: str) -> str:
+    """``ImageRule.matches`` over ``m``, one image's split reference (variable ``img``)."""
+    reg, repo, tag, dig = (f"{m}.{k}" for k in ("registry", "repo", "tag", "digest"))
     if rule.registry:
         where = f"{reg} == {lit(rule.registry)} && {repo} == {lit(rule.repository)}"
     else:
@@ -268,10 +267,10 @@ def _image_rule(rule: ImageRow, i: str) -> str:
     return f"{where} && ({' || '.join(which)})"
 
 
-def _table_lookup(rules: Sequence[ImageRow], i: str) -> str:
+def _table_lookup(rules: Sequence[ImageRow], m: str) -> str:
     out = '""'
     for rule in reversed(rules):
-        out = f"({_image_rule(rule, i)})\n    ? {lit(rule.cuda_version)}\n    : {out}"
+        out = f"({_image_rule(rule, m)})\n    ? {lit(rule.cuda_version)}\n    : {out}"
     return out
 
 
@@ -281,102 +280,119 @@ def _ngc_tables() -> dict[str, Any]:
     return data
 
 
+EMPTY = '""'
+
+
+def _let(value: str, name: str, body: str) -> str:
+    """``body`` with ``name`` bound to ``value`` once (CEL has no let; ``cel.bind`` is not in
+    the Kubernetes environment): a one-element list mapped and indexed."""
+    return f"[{value}].map({name}, {body})[0]"
+
+
+def _first_of(prefix: str, *candidates: str) -> str:
+    """The first non-empty string of ``candidates``, each computed at most once and only when
+    the ones before it are empty (the engine's "first match wins" chains); ``prefix`` names
+    the bound values (no shadowing between nested chains)."""
+    out = candidates[-1]
+    for n, candidate in reversed(list(enumerate(candidates[:-1]))):
+        out = _let(candidate, f"{prefix}{n}", f'{prefix}{n} != "" ? {prefix}{n} : {out}')
+    return out
+
+
 def _cuda_analysis(policy: Policy, prog: Program) -> None:
     """engine._cuda and gpu_admission.cuda: the pod label, else the GPU containers' images
-    (the policy's cudaRouting.images, the serving table, the built-in rules and NGC tables)."""
+    (the policy's cudaRouting.images, the serving table, the built-in rules and NGC tables).
+
+    Per container, two variables (the facts of one object computed once, not one variable
+    per step): ``img``, the split reference of its image (cuda.split_reference,
+    cuda.split_image), and ``imgCuda``, its CUDA from the first source that knows it. The NGC
+    and TensorFlow tables are literals in the expression: the API server builds a constant
+    map once, when it compiles the expression (cel-go's OptOptimize), where a variable holding
+    it would be one more evaluation per policy."""
     gpu = var("gpu")
     rng = f"lists.range(size({gpu}))"
-    prog.add("imgImage", f'{gpu}.map(g, has(g.c.image) ? g.c.image : "")')
-    prog.add("imgRef", f'{var("imgImage")}.map(s, s.split("@")[0])',
-             "cuda.split_reference: the reference without its digest")
-    prog.add("imgDigest", f'{var("imgImage")}.map(s, s.contains("@") ? '
-                          's.substring(s.indexOf("@") + 1) : "")')
-    prog.add("imgTag", f'{var("imgRef")}.map(r, r.lastIndexOf(":") > r.lastIndexOf("/") ? '
-                       'r.substring(r.lastIndexOf(":") + 1) : "")')
-    prog.add("imgName", f'{var("imgRef")}.map(r, r.lastIndexOf(":") > r.lastIndexOf("/") ? '
-                        'r.substring(0, r.lastIndexOf(":")) : r)')
-    first = 'n.split("/")[0]'
-    prog.add("imgHost", f'{var("imgName")}.map(n, n.contains("/") && ({first}.contains(".") '
-                        f'|| {first}.contains(":") || {first} == "localhost") ? {first} : "")',
-             "cuda.split_image: a first component with '.' or ':' or 'localhost' is a host")
-    prog.add("imgPath", f'{rng}.map(i, {var("imgHost")}[i] != "" ? '
-                        f'{var("imgName")}[i].substring(size({var("imgHost")}[i]) + 1) : '
-                        f'{var("imgName")}[i])')
-    prog.add("imgRegistry", f'{var("imgHost")}.map(h, h in ["docker.io", "index.docker.io", '
-                            '"registry-1.docker.io"] ? "" : h)')
-    prog.add("imgRepo", f'{rng}.map(i, {var("imgRegistry")}[i] == "" && '
-                        f'{var("imgPath")}[i].startsWith("library/") ? '
-                        f'{var("imgPath")}[i].substring(8) : {var("imgPath")}[i])')
-    prog.add("imgPolicy", f"{rng}.map(i, {_table_lookup(policy_image_rows(policy), 'i')})",
-             "spec.cudaRouting.images, first match wins")
-    prog.add("imgServing", f"{rng}.map(i, {_table_lookup(serving_image_rows(), 'i')})",
-             "data/serving-cuda.yaml, first match wins")
-    tag = f"{var('imgTag')}[i]"
-    repo = f"{var('imgRepo')}[i]"
+    # cuda.split_reference / split_image over one image string s, step by step: r (no
+    # digest), t (index of the tag's ':' or -1), n (name), h (host), p (path), reg (registry;
+    # Docker Hub's hosts are none).
+    first = 'n.substring(0, n.indexOf("/"))'
+    record = ('{"image": s, "digest": s.contains("@") ? s.substring(s.indexOf("@") + 1) : "", '
+              '"tag": t >= 0 ? r.substring(t + 1) : "", "registry": reg, '
+              '"repo": reg == "" && p.startsWith("library/") ? p.substring(8) : p}')
+    split = _let('h in ["docker.io", "index.docker.io", "registry-1.docker.io"] ? "" : h',
+                 "reg", record)
+    split = _let('h != "" ? n.substring(size(h) + 1) : n', "p", split)
+    split = _let(f'n.contains("/") && ({first}.contains(".") || {first}.contains(":") || '
+                 f'{first} == "localhost") ? {first} : ""', "h", split)
+    split = _let('t >= 0 ? r.substring(0, t) : r', "n", split)
+    split = _let('r.lastIndexOf(":") > r.lastIndexOf("/") ? r.lastIndexOf(":") : -1', "t",
+                 split)
+    split = _let('s.split("@")[0]', "r", split)
+    image = _let('has(g.c.image) ? string(g.c.image) : ""', "s", split)
+    prog.add("img", f"{gpu}.map(g, {image})",
+             "cuda.split_reference and split_image of each GPU container's image: image, "
+             "digest, tag, registry (\"\" for Docker Hub), repository")
+    tag = "m.tag"
+    repo = "m.repo"
     tables = _ngc_tables()
-    monthly = {str(k): str(v) for k, v in (tables.get("monthly") or {}).items()}
+    monthly = lit({str(k): str(v) for k, v in (tables.get("monthly") or {}).items()})
     overrides = {str(c): {str(k): str(v) for k, v in rows.items()}
                  for c, rows in (tables.get("overrides") or {}).items()}
-    tf_gpu = {str(k): str(v) for k, v in (tables.get("tensorflow_gpu") or {}).items()}
-    prog.add("ngcMonthly", lit(monthly), "data/ngc-cuda.yaml monthly: NGC release -> CUDA")
-    prog.add("ngcOverrides", lit(overrides) if overrides else "{}",
-             "data/ngc-cuda.yaml overrides: container -> release -> CUDA")
-    prog.add("tfGpu", lit(tf_gpu), "data/ngc-cuda.yaml tensorflow_gpu: TF x.y -> CUDA")
+    ovr = lit(overrides) if overrides else "{}"
+    tf_gpu = lit({str(k): str(v) for k, v in (tables.get("tensorflow_gpu") or {}).items()})
     release = f"{tag}.substring(0, 5)"
     container = f'{repo}.substring({repo}.lastIndexOf("/") + 1)'
-    ovr = var("ngcOverrides")
-    monthly_var = var("ngcMonthly")
-    ngc = (f'{var("imgRegistry")}[i] == "nvcr.io" && {repo}.startsWith("nvidia/") && '
+    # data/ngc-cuda.yaml: the overrides, then the monthly table
+    ngc = (f'm.registry == "nvcr.io" && {repo}.startsWith("nvidia/") && '
            f"{tag}.matches('^[0-9]{{2}}\\\\.[0-9]{{2}}([-.]|$)')\n"
            f"    ? ({container} in {ovr} && {release} in {ovr}[{container}] ? "
            f"{ovr}[{container}][{release}]\n"
-           f"       : {release} in {monthly_var} ? {monthly_var}[{release}] : \"\")\n"
+           f"       : {release} in {monthly} ? {monthly}[{release}] : \"\")\n"
            f'    : ""')
-    prog.add("imgNgc", f"{rng}.map(i, {ngc})", "data/ngc-cuda.yaml (overrides, then monthly)")
+    # data/ngc-cuda.yaml tensorflow_gpu ("none": a -gpu tag the table lacks)
     tf_key = f"{tag}.find('^[0-9]+\\\\.[0-9]+')"
     tf = (f'{repo} == "tensorflow/tensorflow" && '
           f"{tag}.matches('^[0-9]+\\\\.[0-9]+(\\\\.[0-9]+)?(rc[0-9]+)?-gpu')\n"
-          f'    ? ({tf_key} in {var("tfGpu")} ? {var("tfGpu")}[{tf_key}] : "none") : ""')
-    prog.add("imgTf", f"{rng}.map(i, {tf})",
-             'data/ngc-cuda.yaml tensorflow_gpu ("none": a -gpu tag the table lacks)')
+          f'    ? ({tf_key} in {tf_gpu} ? {tf_gpu}[{tf_key}] : "none") : ""')
     cu_re = "'(^|[-_.+])cu[0-9]{2,3}($|[-_.+])'"
 
     def cu_of(text: str) -> str:
+        """a cu<XY>/cu<XYZ> token (cu121 = 12.1)"""
         digits = f"{text}.find({cu_re}).find('[0-9]+')"
         return (f"{text}.matches({cu_re}) ? "
                 f"string(int({digits}.substring(0, size({digits}) - 1))) "
                 f'+ "." + string(int({digits}.substring(size({digits}) - 1))) : ""')
 
-    prog.add("imgCu", f"{rng}.map(i, {cu_of(tag)})", "a cu<XY>/cu<XYZ> tag token (cu121 = 12.1)")
-    prog.add("imgNameCu", f"{rng}.map(i, {cu_of(container)})",
-             "a cu<XY>/cu<XYZ> token in the image name's last component (cuda._name_token)")
     cuda_re = "'(^|[-_.+])cuda-?[0-9]{1,2}\\\\.[0-9]{1,2}($|[-_.+]|\\\\.[0-9])'"
     found = f"{tag}.find({cuda_re}).find('[0-9]{{1,2}}\\\\.[0-9]{{1,2}}')"
-    prog.add("imgCudaToken", f'{rng}.map(i, {tag}.matches({cuda_re}) ? '
-                             f'{norm_version(found)} : "")', "a cuda<X.Y> tag token")
+    cuda_token = f'{tag}.matches({cuda_re}) ? {norm_version(found)} : ""'
     nv_found = tag + ".find('^[0-9]+\\\\.[0-9]+')"
     nv_cuda = (f"{tag}.matches('^[0-9]{{1,9}}\\\\.[0-9]{{1,9}}(\\\\.[0-9]+)?(-|$)') ? "
                f"{norm_version(nv_found)} : \"\"")
     pt_found = f"{tag}.find('-cuda[0-9]+\\\\.[0-9]+(-|$)').find('[0-9]+\\\\.[0-9]+')"
     pytorch = (f"{tag}.matches('-cuda[0-9]{{1,9}}\\\\.[0-9]{{1,9}}(-|$)') ? "
                f'{norm_version(pt_found)} : ""')
-    name_cu = f'{var("imgNameCu")}[i]'
-    builtin = (f'{tag} == "" ? {name_cu}\n'
+    name_cu = cu_of(container)  # a token in the image name's last component (cuda._name_token)
+    tf_or_rest = _let(tf, "tf", 'tf != "" ? (tf == "none" ? "" : tf) : '
+                                + _first_of("token", cu_of(tag), cuda_token, name_cu))
+    builtin = (f'{tag} == "" ? ({name_cu})\n'
                f'  : {repo} == "nvidia/cuda" || {repo}.endsWith("/nvidia/cuda") ? ({nv_cuda})\n'
                f'  : {repo} == "pytorch/pytorch" ? ({pytorch})\n'
-               f'  : {var("imgNgc")}[i] != "" ? {var("imgNgc")}[i]\n'
-               f'  : {var("imgTf")}[i] != "" ? ({var("imgTf")}[i] == "none" ? "" : '
-               f'{var("imgTf")}[i])\n'
-               f'  : {var("imgCu")}[i] != "" ? {var("imgCu")}[i]\n'
-               f'  : {var("imgCudaToken")}[i] != "" ? {var("imgCudaToken")}[i]\n'
-               f'  : {name_cu}')
-    prog.add("imgBuiltin", f"{rng}.map(i, {builtin})",
-             "cuda.cuda_from_image: nvidia/cuda, pytorch/pytorch, NGC, tensorflow, cu/cuda tokens")
-    prog.add("imgCuda", f'{rng}.map(i, {var("imgImage")}[i] == "" ? ""\n'
-                        f'  : {var("imgPolicy")}[i] != "" ? {var("imgPolicy")}[i]\n'
-                        f'  : {var("imgServing")}[i] != "" ? {var("imgServing")}[i]\n'
-                        f'  : {var("imgBuiltin")}[i])',
-             'CUDA of each GPU container\'s image ("" = unknown)')
+               f'  : {_let(ngc, "ngc", f"ngc != {EMPTY} ? ngc : {tf_or_rest}")}')
+    # The image tables in a variable of their own: in one expression with the built-in rules
+    # the AST nests deeper than cel-cpp's checked-expression decoder takes (upb's depth
+    # limit of 100), with a policy table of a few rows.
+    rows = [*policy_image_rows(policy), *serving_image_rows()]
+    table = var("imgTable") + "[i]"
+    if rows:
+        prog.add("imgTable", f'{var("img")}.map(m, {_table_lookup(rows, "m")})',
+                 "spec.cudaRouting.images, then data/serving-cuda.yaml: first match wins")
+    prog.add("imgCuda", f'lists.range(size({var("img")})).map(i, [{var("img")}[i]].map(m, '
+                        f'm.image == "" ? ""\n'
+                        + (f'  : {table} != "" ? {table}\n' if rows else "")
+                        + f'  : {builtin})[0])',
+             "CUDA of each GPU container's image (\"\" = unknown): the tables, then "
+             "cuda.cuda_from_image (nvidia/cuda, pytorch/pytorch, NGC, tensorflow, cu/cuda "
+             "tokens)")
     labels = var("labels")
     cl = lit(CUDA_VERSION_LABEL)
     prog.add("cudaLabelValid",
@@ -389,7 +405,7 @@ def _cuda_analysis(policy: Policy, prog: Program) -> None:
                             f': ""')
     prog.add("cudaSource",
              f"{var('cudaLabelValid')} ? {lit('label ' + CUDA_VERSION_LABEL)}\n"
-             f"  : size({var('cudaVersions')}) == 1 ? \"image \" + {var('imgImage')}[{first_i}] "
+             f"  : size({var('cudaVersions')}) == 1 ? \"image \" + {var('img')}[{first_i}].image "
              f"+ \" (\" + {container_path(f'{gpu}[{first_i}]')} + \")\" : \"\"")
     prog.add("cudaConflict", f"!{var('cudaLabelValid')} && size({var('cudaVersions')}) > 1")
 

@@ -153,7 +153,9 @@ class MemoryLimit:
     _MEMO_MAX = 256
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[int, int, int], tuple[object, object, Wanted, str]] = {}
+        # (pool, limits, wanted, source, the names whose written value passes its own check)
+        self._memo: dict[tuple[int, int, int],
+                         tuple[object, object, Wanted, str, frozenset[str]]] = {}
         # fractional pods: (id(limits), share MiB, card MiB, source, hamiCore) -> wanted
         self._fractional_memo: dict[tuple[int, int, int, str, bool],
                                     tuple[object, Wanted, str]] = {}
@@ -181,8 +183,8 @@ class MemoryLimit:
                 if len(self._memo) >= self._MEMO_MAX:
                     self._memo.clear()
                 wanted, source = wanted_env(pool, limits, devices)
-                memo = self._memo[key] = (pool, limits, wanted, source)
-            self.apply_env(ctx, gc, memo[2], memo[3])
+                memo = self._memo[key] = (pool, limits, wanted, source, settled_names(wanted))
+            self.apply_env(ctx, gc, memo[2], memo[3], memo[4])
 
     def _fractional(self, ctx: Context, fraction: Fraction) -> None:
         """A fractional pod: the variables sized to its share, HAMi-core's cap if on."""
@@ -211,9 +213,12 @@ class MemoryLimit:
     @staticmethod
     def apply_env(ctx: Context, gc: GpuContainer,
                   wanted: list[tuple[str, str, Callable[[str], bool | None], str]],
-                  source: str) -> None:
+                  source: str, settled: frozenset[str] = frozenset()) -> None:
         """Upsert the ``wanted`` variables of one container (:func:`wanted_env`) and flag a
-        value above the limit; public because the DRA rule (:mod:`.dra`) writes alike."""
+        value above the limit; public because the DRA rule (:mod:`.dra`) writes alike.
+        ``settled`` (:func:`settled_names`): names whose value, when a container already holds
+        exactly the one this rule writes (what the validating webhook sees after the mutating
+        one), is accepted without parsing it."""
         env = gc.container.get("env")
         existing: dict[str, tuple[int, Mapping[str, Any]]] = {}
         if isinstance(env, list) and env:
@@ -228,17 +233,18 @@ class MemoryLimit:
             found = existing.get(name)
             if found is not None:
                 i, entry = found
-                path = f"{gc.path}.env[{i}]"
                 if entry.get("valueFrom") is not None:
-                    ctx.violate(UNVERIFIABLE, path,
+                    ctx.violate(UNVERIFIABLE, f"{gc.path}.env[{i}]",
                                 f"{name} uses valueFrom; cannot check it is {expected}")
                     continue
                 current = entry.get("value")
+                if current == value and name in settled:
+                    continue  # the value written here, which passes its own check
                 if isinstance(current, str) and current.strip():
                     verdict = ok(current)
                     if verdict:
                         continue  # a limit at or below the allowed one: keep it
-                    ctx.violate(LIMIT, path,
+                    ctx.violate(LIMIT, f"{gc.path}.env[{i}]",
                                 f"{name}={current[:20]!r} exceeds the GPU memory allowed on a "
                                 f"shared GPU ({source}): must be {expected}"
                                 if verdict is False else
@@ -247,6 +253,13 @@ class MemoryLimit:
                     continue
             if ctx.patch is not None:
                 ctx.patch.upsert_env(gc.kind, gc.index, name, value)
+
+
+def settled_names(wanted: Wanted) -> frozenset[str]:
+    """The names of ``wanted`` whose written value passes its own check (a pool whose share
+    rounds to 0 writes a value its check refuses: that name keeps the full check). The
+    compiled policies make the same test at compile time (compile/rules/memory.py)."""
+    return frozenset(name for name, value, ok, _ in wanted if ok(value) is True)
 
 
 def other_wanted(pool: NodePool | None, limits: MemoryLimits,

@@ -74,3 +74,32 @@ def test_serving_rows_are_the_engines_serving_rules() -> None:
 def test_kubernetes_cel_functions_the_evaluator_provides(expression: str, expected: object) -> None:
     value = program(expression).evaluate({"lists": celpy.celtypes.MapType({})})
     assert value == expected
+
+
+def test_constant_variables_are_written_into_the_expressions_that_read_them() -> None:
+    """compiler.inline_constants: a literal variable (one evaluation per policy in the API
+    server) becomes a literal (built once, when the API server compiles the expression); the
+    others stay, and the meaning does not change."""
+    from gpu_admission.compile.compiler import inline_constants  # noqa: PLC0415
+
+    spec: dict[str, Any] = {
+        "matchConditions": [{"name": "c", "expression": "variables.pool != 'x'"}],
+        "variables": [
+            {"name": "pool", "expression": "// the pool\n\"a100\""},
+            {"name": "table", "expression": '{"12.1": ["a", "b"], "x": -1, "y": true}'},
+            {"name": "modes", "expression": "MODES_PLACEHOLDER"},
+            {"name": "name", "expression": "object.metadata.name"},
+            {"name": "poolName", "expression": "variables.pool + variables.name"},
+            {"name": "looksConstant", "expression": '"a" + "b"'}],
+        "validations": [{"expression": "variables.table['x'] < 0",
+                         "messageExpression": "variables.modes['r'] + variables.poolName"}],
+        "mutations": [{"jsonPatch": {"expression": "[variables.pool]"}}]}
+    inline_constants(spec, ["MODES_PLACEHOLDER"])
+    assert [v["name"] for v in spec["variables"]] == ["name", "poolName", "looksConstant"]
+    assert spec["variables"][1]["expression"] == '("a100") + variables.name'
+    assert spec["matchConditions"][0]["expression"] == "(\"a100\") != 'x'"
+    assert spec["validations"] == [{
+        "expression": '({"12.1": ["a", "b"], "x": -1, "y": true})[\'x\'] < 0',
+        "messageExpression": "(MODES_PLACEHOLDER)['r'] + variables.poolName"}]
+    assert spec["mutations"][0]["jsonPatch"]["expression"] == '[("a100")]'
+    assert bool(cel(spec["validations"][0]["expression"])) is True

@@ -7,12 +7,14 @@ from typing import Any
 import pytest
 
 from gpu_admission.decision import Mode
+from gpu_admission.engine import evaluate
 from tests.builders import make_container, make_pod
 from tests.policy_helpers import (
     DEFAULT_ENV,
     NOT_SHARED,
     REQ,
     env_of,
+    facts,
     policy_with,
     pools_policy,
     rules_of,
@@ -547,3 +549,23 @@ def test_all_violations_collected() -> None:
     ]
     assert not decision.allowed and decision.patch == ()
     assert len(decision.warnings) == 3
+
+
+@pytest.mark.parametrize(("card_mib", "value", "rules"), [
+    pytest.param(81920, "40960", [], id="the-written-value"),
+    pytest.param(81920, " 40960", [], id="the-written-value-padded"),
+    pytest.param(81920, "40961", [("memory-limit", "enforce")], id="one-over"),
+    # 1 MiB over 2 replicas: the pool's own share is 0 MiB, a value its check refuses; the
+    # validate stage must not take "what the webhook writes" as fine (memory.settled_names)
+    pytest.param(1, "0", [("memory-limit", "enforce")], id="a-zero-share-pool"),
+])
+def test_validate_accepts_a_written_value_only_where_its_check_would(
+        card_mib: int, value: str, rules: list[tuple[str, str]]) -> None:
+    policy = policy_with(nodePools=[{
+        "name": "ts", "nodeSelector": {"pool": "ts"}, "sharing": "time-slicing",
+        "replicasPerGPU": 2, "memoryMiB": card_mib, "cudaVersion": "12.4"}])
+    pod = make_pod(node_selector={"pool": "ts"}, containers=[make_container(
+        image=TRITON, env=[{"name": "NVIDIA_MEM_LIMIT_MB", "value": value}])])
+    for _ in range(2):  # the second time from the memoised wanted values
+        decision = evaluate(pod, facts(stage="validate"), policy)
+        assert [(r, m) for r, m in rules_of(decision) if r == "memory-limit"] == rules

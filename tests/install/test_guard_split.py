@@ -219,6 +219,29 @@ def test_guard_compiles_for_every_mode_combination(modes: tuple[str, str, str]) 
     assert bound == names
 
 
+@pytest.mark.parametrize(("exemptions", "expected"), [
+    pytest.param({}, False, id="none"),
+    pytest.param({"users": ["ci-bot"]}, True, id="a-user"),
+    pytest.param({"groups": ["platform-admins"]}, True, id="a-group"),
+])
+def test_the_exemption_condition_exists_only_when_the_policy_exempts_someone(
+        exemptions: dict[str, list[str]], expected: bool) -> None:
+    """An always-false ``not-exempt`` condition would be one more evaluation per pod in each
+    guard object; the chart makes the same choice (tests/chart/test_guard_chart.py renders
+    both cases and compares them with the compiler's)."""
+    doc = default_policy().model_dump(mode="json", by_alias=True)
+    doc["spec"]["exemptions"].update(exemptions)
+    for obj in compile_guard(policy_from_dict(doc)).objects:
+        if "matchConditions" in obj["spec"]:
+            names = [c["name"] for c in obj["spec"]["matchConditions"]]
+            assert ("not-exempt" in names) is expected, obj["metadata"]["name"]
+    pod = make_pod(containers=[make_container("web", gpu=None)])
+    outcome = admit(compile_guard(policy_from_dict(doc)).objects, pod,
+                    RequestFacts(namespace="team-a", user="ci-bot",
+                                 groups=("platform-admins",)))
+    assert (outcome.decision.exempt != "") is expected
+
+
 def test_fractional_pods_go_to_the_webhook() -> None:
     """A fractional pool's pod requests gpu-admission.io/gpu-memory instead of nvidia.com/gpu
     (vocab.GPU_MEMORY_RESOURCE): the webhook decides it, never the compiled guard."""

@@ -56,17 +56,15 @@ spec:
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
             (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
             (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))))
+{{- if include "gpu-admission.guard.exempting" . }}
   - name: not-exempt
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
+{{- end }}
   - name: not-already-clean
     expression: |-
       !((!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
   variables:
-  - name: modes
-    expression: |-
-      // rule id -> mode of the three guard rules (the policy's)
-      {{ include "gpu-admission.guard.modes" . }}
   - name: ephemeral
     expression: |-
       // kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the ephemeral containers it adds
@@ -87,12 +85,12 @@ spec:
   - name: guardViolations
     expression: |-
       // the guard's violations (gpu-visible-devices, gpu-device-hostpath, and gpu-access-isolation outside enforce)
-      variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(variables.modes["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
+      variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(({{ include "gpu-admission.guard.modes" . }})["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
         + (request.operation == "CREATE" && has(object.spec.volumes) ? lists.range(size(object.spec.volumes)).filter(i, has(object.spec.volumes[i].hostPath) && has(object.spec.volumes[i].hostPath.path) && object.spec.volumes[i].hostPath.path != "" && object.spec.volumes[i].hostPath.path.matches('^(?:(?:/\\.?)*(?:/dev(?:/\\.?)*(?:/(?:nvidia[\\s\\S]*|dri(?:/[\\s\\S]*)?))?)?)$')).map(i, {"rule": "gpu-device-hostpath", "path": "spec.volumes[" + string(i) + "].hostPath.path", "message": "hostPath " + ((size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains("'") && !(size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains('"') ? '"' + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'") + " exposes GPU device nodes (/dev/nvidia*, /dev/dri) outside the device plugin; request nvidia.com/gpu instead"}) : [])
   - name: guardOps
     expression: |-
       // the guard's NVIDIA_VISIBLE_DEVICES=void upserts
-      !(variables.modes["gpu-access-isolation"] == "enforce") ? [] : variables.guardStates.filter(a, a.state == "isolate").map(a, !a.has_env ? {"op": dyn("add"), "path": dyn("/spec/" + a.kind + "/" + string(a.index) + "/env"), "value": dyn([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])}
+      !(({{ include "gpu-admission.guard.modes" . }})["gpu-access-isolation"] == "enforce") ? [] : variables.guardStates.filter(a, a.state == "isolate").map(a, !a.has_env ? {"op": dyn("add"), "path": dyn("/spec/" + a.kind + "/" + string(a.index) + "/env"), "value": dyn([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])}
         : a.at < 0 ? {"op": dyn("add"), "path": dyn("/spec/" + a.kind + "/" + string(a.index) + "/env" + "/-"), "value": dyn({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})}
         : {"op": dyn("replace"), "path": dyn("/spec/" + a.kind + "/" + string(a.index) + "/env" + "/" + string(a.at)), "value": dyn({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})})
   - name: violations
@@ -102,7 +100,7 @@ spec:
   - name: denials
     expression: |-
       // the guard's violations in enforce mode
-      variables.violations.filter(v, variables.modes[v.rule] == "enforce")
+      variables.violations.filter(v, ({{ include "gpu-admission.guard.modes" . }})[v.rule] == "enforce")
   - name: mutatedBefore
     expression: |-
       has(object.metadata.annotations) && "gpu-admission.io/mutated" in object.metadata.annotations ? object.metadata.annotations["gpu-admission.io/mutated"] : ""
@@ -199,14 +197,12 @@ spec:
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
             (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
             (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))))
+{{- if include "gpu-admission.guard.exempting" . }}
   - name: not-exempt
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
+{{- end }}
   variables:
-  - name: modes
-    expression: |-
-      // rule id -> mode of the three guard rules (the policy's)
-      {{ include "gpu-admission.guard.modes" . }}
   - name: ephemeral
     expression: |-
       // kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the ephemeral containers it adds
@@ -227,7 +223,7 @@ spec:
   - name: guardViolations
     expression: |-
       // the guard's violations (gpu-visible-devices, gpu-device-hostpath, and gpu-access-isolation outside enforce)
-      variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(variables.modes["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
+      variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(({{ include "gpu-admission.guard.modes" . }})["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
         + (request.operation == "CREATE" && has(object.spec.volumes) ? lists.range(size(object.spec.volumes)).filter(i, has(object.spec.volumes[i].hostPath) && has(object.spec.volumes[i].hostPath.path) && object.spec.volumes[i].hostPath.path != "" && object.spec.volumes[i].hostPath.path.matches('^(?:(?:/\\.?)*(?:/dev(?:/\\.?)*(?:/(?:nvidia[\\s\\S]*|dri(?:/[\\s\\S]*)?))?)?)$')).map(i, {"rule": "gpu-device-hostpath", "path": "spec.volumes[" + string(i) + "].hostPath.path", "message": "hostPath " + ((size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains("'") && !(size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains('"') ? '"' + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'") + " exposes GPU device nodes (/dev/nvidia*, /dev/dri) outside the device plugin; request nvidia.com/gpu instead"}) : [])
   - name: violations
     expression: |-
@@ -236,11 +232,11 @@ spec:
   - name: denials
     expression: |-
       // the guard's violations in enforce mode
-      variables.violations.filter(v, variables.modes[v.rule] == "enforce")
+      variables.violations.filter(v, ({{ include "gpu-admission.guard.modes" . }})[v.rule] == "enforce")
   - name: warns
     expression: |-
       // the guard's violations in warn mode
-      variables.violations.filter(v, variables.modes[v.rule] == "warn")
+      variables.violations.filter(v, ({{ include "gpu-admission.guard.modes" . }})[v.rule] == "warn")
   - name: warnings
     expression: |-
       // engine.short_warning per warn-mode violation, duplicates dropped
@@ -252,7 +248,7 @@ spec:
   - name: auditRecord
     expression: |-
       // the webhook's audit annotations for a pod without a GPU
-      {"decision": dyn(size(variables.denials) > 0 ? "denied" : "allowed"), "violations": dyn(variables.violations.map(v, v.rule + "=" + variables.modes[v.rule]).join(",")), "warnings": dyn(size(variables.warnings) > 0 ? string(size(variables.warnings)) : "")}
+      {"decision": dyn(size(variables.denials) > 0 ? "denied" : "allowed"), "violations": dyn(variables.violations.map(v, v.rule + "=" + ({{ include "gpu-admission.guard.modes" . }})[v.rule]).join(",")), "warnings": dyn(size(variables.warnings) > 0 ? string(size(variables.warnings)) : "")}
   validations:
   - expression: |-
       variables.clean || size(variables.denials) == 0
@@ -342,17 +338,15 @@ spec:
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
             (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
             (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))))
+{{- if include "gpu-admission.guard.exempting" . }}
   - name: not-exempt
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
+{{- end }}
   - name: not-already-clean
     expression: |-
       !(!(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
   variables:
-  - name: modes
-    expression: |-
-      // rule id -> mode of the three guard rules (the policy's)
-      {{ include "gpu-admission.guard.modes" . }}
   - name: ephemeral
     expression: |-
       // kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the ephemeral containers it adds
@@ -373,7 +367,7 @@ spec:
   - name: guardViolations
     expression: |-
       // the guard's violations (gpu-visible-devices, gpu-device-hostpath, and gpu-access-isolation outside enforce)
-      variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(variables.modes["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
+      variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(({{ include "gpu-admission.guard.modes" . }})["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
         + (request.operation == "CREATE" && has(object.spec.volumes) ? lists.range(size(object.spec.volumes)).filter(i, has(object.spec.volumes[i].hostPath) && has(object.spec.volumes[i].hostPath.path) && object.spec.volumes[i].hostPath.path != "" && object.spec.volumes[i].hostPath.path.matches('^(?:(?:/\\.?)*(?:/dev(?:/\\.?)*(?:/(?:nvidia[\\s\\S]*|dri(?:/[\\s\\S]*)?))?)?)$')).map(i, {"rule": "gpu-device-hostpath", "path": "spec.volumes[" + string(i) + "].hostPath.path", "message": "hostPath " + ((size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains("'") && !(size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains('"') ? '"' + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'") + " exposes GPU device nodes (/dev/nvidia*, /dev/dri) outside the device plugin; request nvidia.com/gpu instead"}) : [])
   - name: violations
     expression: |-
@@ -382,7 +376,7 @@ spec:
   - name: warns
     expression: |-
       // the guard's violations in warn mode
-      variables.violations.filter(v, variables.modes[v.rule] == "warn")
+      variables.violations.filter(v, ({{ include "gpu-admission.guard.modes" . }})[v.rule] == "warn")
   - name: warnings
     expression: |-
       // engine.short_warning per warn-mode violation, duplicates dropped
@@ -541,17 +535,15 @@ spec:
         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
             (has(c.resources.limits) && c.resources.limits.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))) ||
             (has(c.resources.requests) && c.resources.requests.exists(r, (r.startsWith('nvidia.com/') ? (r in ['nvidia.com/gpu', 'nvidia.com/gpu.shared', 'nvidia.com/gpucores', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage'] || r.startsWith('nvidia.com/mig-')) : (r.startsWith('deviceclass.resource.kubernetes.io/') || r == 'gpu-admission.io/gpu-memory')))))))))
+{{- if include "gpu-admission.guard.exempting" . }}
   - name: not-exempt
     expression: |-
       !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
+{{- end }}
   - name: not-already-clean
     expression: |-
       !(!(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) && (!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
   variables:
-  - name: modes
-    expression: |-
-      // rule id -> mode of the three guard rules (the policy's)
-      {{ include "gpu-admission.guard.modes" . }}
   - name: ephemeral
     expression: |-
       // kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the ephemeral containers it adds
@@ -572,7 +564,7 @@ spec:
   - name: guardViolations
     expression: |-
       // the guard's violations (gpu-visible-devices, gpu-device-hostpath, and gpu-access-isolation outside enforce)
-      variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(variables.modes["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
+      variables.guardStates.map(a, a.state == "gpu-set" ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES is set in a container that requests a GPU; the device plugin chooses its GPU: remove NVIDIA_VISIBLE_DEVICES from env"}] : a.state in ["set", "valueFrom"] ? [{"rule": "gpu-visible-devices", "path": "spec." + a.kind + "[" + string(a.index) + "]" + ".env[" + string(a.at) + "]", "message": "NVIDIA_VISIBLE_DEVICES=" + (a.state == "valueFrom" ? "valueFrom" : ((size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains("'") && !(size(a.value) > 40 ? a.value.substring(0, 40) : a.value).contains('"') ? '"' + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(a.value) > 40 ? a.value.substring(0, 40) : a.value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'")) + " without a GPU request gives this container GPUs outside the scheduler's accounting; request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"}] : a.state == "isolate" && !(({{ include "gpu-admission.guard.modes" . }})["gpu-access-isolation"] == "enforce") ? [{"rule": "gpu-access-isolation", "path": "spec." + a.kind + "[" + string(a.index) + "]", "message": "no GPU request and no NVIDIA_VISIBLE_DEVICES=void: a CUDA image (which sets NVIDIA_VISIBLE_DEVICES=all) would see every GPU of the node"}] : []).flatten()
         + (request.operation == "CREATE" && has(object.spec.volumes) ? lists.range(size(object.spec.volumes)).filter(i, has(object.spec.volumes[i].hostPath) && has(object.spec.volumes[i].hostPath.path) && object.spec.volumes[i].hostPath.path != "" && object.spec.volumes[i].hostPath.path.matches('^(?:(?:/\\.?)*(?:/dev(?:/\\.?)*(?:/(?:nvidia[\\s\\S]*|dri(?:/[\\s\\S]*)?))?)?)$')).map(i, {"rule": "gpu-device-hostpath", "path": "spec.volumes[" + string(i) + "].hostPath.path", "message": "hostPath " + ((size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains("'") && !(size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).contains('"') ? '"' + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"' : "'" + (size(object.spec.volumes[i].hostPath.path) > 40 ? object.spec.volumes[i].hostPath.path.substring(0, 40) : object.spec.volumes[i].hostPath.path).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("'", "\\'") + "'") + " exposes GPU device nodes (/dev/nvidia*, /dev/dri) outside the device plugin; request nvidia.com/gpu instead"}) : [])
   - name: violations
     expression: |-
@@ -581,7 +573,7 @@ spec:
   - name: audits
     expression: |-
       // the guard's violations in audit mode
-      variables.violations.filter(v, variables.modes[v.rule] == "audit")
+      variables.violations.filter(v, ({{ include "gpu-admission.guard.modes" . }})[v.rule] == "audit")
   validations:
   - expression: |-
       size(variables.audits) == 0

@@ -129,6 +129,13 @@ enforce and warn policies exist only then (gpu_admission.compile.guard.compile_g
 {{- if has .mode (values $modes) }}true{{ end -}}
 {{- end -}}
 
+{{/* "true" when the policy exempts users or groups: the guard's not-exempt condition exists
+only then (gpu_admission.compile.guard.compile_guard). */}}
+{{- define "gpu-admission.guard.exempting" -}}
+{{- $ex := include "gpu-admission.guard.exemptions" . | fromJson -}}
+{{- if or $ex.users $ex.groups }}true{{ end -}}
+{{- end -}}
+
 {{- define "gpu-admission.guard.users" -}}
 {{- $ex := include "gpu-admission.guard.exemptions" . | fromJson -}}
 {{- toJson (default list $ex.users | uniq | sortAlpha) -}}
