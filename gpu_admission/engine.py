@@ -33,7 +33,12 @@ from typing import Any, Final
 
 from gpu_admission.cuda import normalize_version
 from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
-from gpu_admission.dra.analysis import DraPod, analyze_pod, needs_analysis
+from gpu_admission.dra.analysis import (
+    DEVICECLASS_RESOURCE_PREFIX,
+    DraPod,
+    analyze_pod,
+    notable_extended,
+)
 from gpu_admission.dra.model import DraSnapshot
 from gpu_admission.fractional import ANNOTATION_PATH, NOT_FRACTIONAL, Fraction, Plan
 from gpu_admission.fractional import plan as fraction_plan
@@ -98,27 +103,6 @@ def has_fractional_pools(policy: Policy) -> bool:
     return policy.compiled.fractional
 
 
-def _gpu_resources(container: Mapping[str, Any], fractional: bool) -> dict[str, Any] | None:
-    resources = container.get("resources")
-    if not isinstance(resources, dict):
-        return None
-    found: dict[str, Any] | None = None
-    # requests first so limits win when both name the resource (limits set the allocation
-    # for extended resources; requests must equal them if both are given).
-    for key in ("requests", "limits"):
-        values = resources.get(key)
-        if isinstance(values, dict):
-            for name, quantity in values.items():
-                # is_gpu_resource, inlined: this loop sees every resource of every container
-                if ((name in _FULL_GPU_RESOURCES or (name.__class__ is str and name.startswith(
-                        MIG_RESOURCE_PREFIX)) or (fractional and name == GPU_MEMORY_RESOURCE))
-                        and not _zero(quantity)):
-                    if found is None:
-                        found = {}
-                    found[name] = quantity
-    return found
-
-
 def gpu_containers(spec: Mapping[str, Any], fractional: bool = False) -> list[GpuContainer]:
     """Containers and init containers that request or limit a GPU resource; with
     ``fractional`` (the policy has a fractional pool, :func:`has_fractional_pools`) also
@@ -127,7 +111,22 @@ def gpu_containers(spec: Mapping[str, Any], fractional: bool = False) -> list[Gp
     Ephemeral containers cannot have resources (Kubernetes API: "Resources are not allowed
     for ephemeral containers") and are ignored.
     """
+    return _scan(spec, fractional, None)[0]
+
+
+def _scan(spec: Mapping[str, Any], fractional: bool,
+          extended: frozenset[str] | None) -> tuple[list[GpuContainer], bool, bool]:
+    """:func:`gpu_containers`, and from the same pass over every container's resource names
+    what the per-pod pre-checks ask (each was a pass of its own, ~1.3 µs a review):
+
+    * whether a limit asks for DRA (``dra.analysis.needs_analysis``, less its
+      ``resourceClaims`` test: a DeviceClass-backed extended resource, or one of the
+      ``extended`` names the cluster's DRA classes make notable);
+    * whether a request or limit names a HAMi resource (with KAI's pod annotations, which
+      :func:`evaluate` tests, the cheap test for another sharing system's pod).
+    """
     out: list[GpuContainer] = []
+    dra = hami = False
     for kind in ("containers", "initContainers"):
         items = spec.get(kind)
         if not isinstance(items, list):
@@ -135,7 +134,30 @@ def gpu_containers(spec: Mapping[str, Any], fractional: bool = False) -> list[Gp
         for index, container in enumerate(items):
             if not isinstance(container, dict):
                 continue
-            found = _gpu_resources(container, fractional)
+            resources = container.get("resources")
+            if not isinstance(resources, dict):
+                continue
+            found: dict[str, Any] | None = None
+            # requests first so limits win when both name the resource (limits set the
+            # allocation for extended resources; requests must equal them if both are given)
+            for key in ("requests", "limits"):
+                values = resources.get(key)
+                if not isinstance(values, dict):
+                    continue
+                for name, quantity in values.items():
+                    # is_gpu_resource, inlined: this loop sees every resource of every container
+                    if ((name in _FULL_GPU_RESOURCES or (name.__class__ is str and name.startswith(
+                            MIG_RESOURCE_PREFIX)) or (fractional and name == GPU_MEMORY_RESOURCE))
+                            and not _zero(quantity)):
+                        if found is None:
+                            found = {}
+                        found[name] = quantity
+                    if name in _HAMI_KEYS:
+                        hami = True
+                    if key == "limits" and name.__class__ is str and (
+                            name.startswith(DEVICECLASS_RESOURCE_PREFIX)
+                            or (extended and name in extended)):
+                        dra = True
             if found:
                 shared = mig = False
                 for name in found:
@@ -143,7 +165,7 @@ def gpu_containers(spec: Mapping[str, Any], fractional: bool = False) -> list[Gp
                     mig = mig or name.startswith(MIG_RESOURCE_PREFIX)
                 out.append(GpuContainer(kind, index, container, found, shared=shared, mig=mig,
                                         fractional=GPU_MEMORY_RESOURCE in found))
-    return out
+    return out, dra, hami
 
 
 def classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
@@ -433,15 +455,20 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
         return _ALLOWED
     compiled = policy.compiled
     fractional = compiled.fractional
-    gcs = gpu_containers(spec, fractional)
+    gcs, dra_limit, hami = _scan(spec, fractional,
+                                 notable_extended(dra) if dra is not None else None)
     meta = pod.get("metadata")
     meta = meta if isinstance(meta, dict) else _EMPTY
+    # dra.analysis.needs_analysis, and another sharing system's cheap test: their resource
+    # scans done by _scan
     dra_pod = (analyze_pod(pod, facts.namespace, dra, compiled.dra_gpu_classes)
-               if needs_analysis(spec, dra) else None)
+               if dra_limit or spec.get("resourceClaims") else None)
     if dra_pod is not None:
         gcs = _with_dra(gcs, dra_pod, spec)
+    annotations = meta.get("annotations")
     other = (analyse_other(pod, spec, compiled.other_systems)
-             if _maybe_other(meta, spec) else None)
+             if hami or (annotations.__class__ is dict
+                         and not _KAI_KEYS.isdisjoint(annotations)) else None)
     if other is not None:
         gcs = _with_other(gcs, other, spec)
     if not gcs:
@@ -495,26 +522,6 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     return _finish(meta, ctx.violations, ctx.patch, gpu=True, workload=workload,
                    workload_reason=workload_reason, cuda_version=cuda_version,
                    cuda_source=cuda_source)
-
-
-def _maybe_other(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
-    """Cheap test: KAI's annotations, or a HAMi resource in some container's limits."""
-    annotations = meta.get("annotations")
-    if annotations.__class__ is dict and not _KAI_KEYS.isdisjoint(annotations):
-        return True
-    for kind in ("containers", "initContainers"):
-        items = spec.get(kind)
-        if items.__class__ is not list:
-            continue
-        for container in items:
-            resources = container.get("resources") if container.__class__ is dict else None
-            if resources.__class__ is dict:
-                limits, requests = resources.get("limits"), resources.get("requests")
-                if ((limits.__class__ is dict and not _HAMI_KEYS.isdisjoint(limits))
-                        or (requests.__class__ is dict
-                            and not _HAMI_KEYS.isdisjoint(requests))):
-                    return True
-    return False
 
 
 _KAI_KEYS = frozenset(KAI_ANNOTATIONS)

@@ -99,14 +99,15 @@ assert all(n.startswith("nvidia.com/") for n in _NVIDIA_NAMES)
 #: One resource name ``r`` is a GPU or DRA one. The nvidia.com/ prefix first: the names of a
 #: typical pod (cpu, memory, ephemeral-storage) fail it and one more test, where a flat
 #: disjunction compared each with every name (this runs for every pod, in the webhooks'
-#: matchConditions and the guard's). HAMi's resources (engine._maybe_other): rule
-#: other-sharing-system is the webhook's.
+#: matchConditions and the guard's). HAMi's resources (engine.evaluate's other-system test):
+#: rule other-sharing-system is the webhook's.
 _GPU_NAMES = ("(r.startsWith('nvidia.com/') ? (r in ["
               + ", ".join(f"'{n}'" for n in _NVIDIA_NAMES)
               + "] || r.startsWith('nvidia.com/mig-')) : "
               f"(r.startsWith('deviceclass.resource.kubernetes.io/') || "
               f"r == '{GPU_MEMORY_RESOURCE}'))")
-#: KAI-Scheduler's pod annotations (engine._maybe_other): such pods are the webhook's too.
+#: KAI-Scheduler's pod annotations (engine.evaluate's other-system test): such pods are the
+#: webhook's too.
 _KAI = " || ".join(f"'{key}' in object.metadata.annotations" for key in KAI_ANNOTATIONS)
 
 

@@ -187,7 +187,7 @@ def _sharing_text(eff: _Effective) -> str:
 
 def needs_analysis(spec: Mapping[str, Any], snapshot: DraSnapshot | None) -> bool:
     """Cheap test run for every pod: does it name a claim, or a limit that DRA may serve in a
-    way that matters (a class with a sharing config, a MIG class: :func:`_notable_extended`)?
+    way that matters (a class with a sharing config, a MIG class: :func:`notable_extended`)?
     A plain ``nvidia.com/gpu`` limit served by a dedicated class needs no DRA analysis.
 
     Only ``limits`` are scanned: an extended resource must have a limit (a request without
@@ -195,7 +195,7 @@ def needs_analysis(spec: Mapping[str, Any], snapshot: DraSnapshot | None) -> boo
     """
     if spec.get("resourceClaims"):
         return True
-    extended = _notable_extended(snapshot) if snapshot is not None else None
+    extended = notable_extended(snapshot) if snapshot is not None else None
     prefix = DEVICECLASS_RESOURCE_PREFIX
     for kind in ("containers", "initContainers"):
         items = spec.get(kind)
@@ -385,8 +385,9 @@ def _check_extended(acc: _Acc, container: Mapping[str, Any], path: str, *, snap:
                     acc.mps.append(eff.mps_mib)
 
 
-def _notable_extended(snap: DraSnapshot) -> frozenset[str]:
-    """Extended resources whose DeviceClass is MIG, has a sharing config or is missing."""
+def notable_extended(snap: DraSnapshot) -> frozenset[str]:
+    """Extended resources whose DeviceClass is MIG, has a sharing config or is missing: a
+    limit on one of them makes the pod need the DRA analysis (:func:`needs_analysis`)."""
     found: frozenset[str] | None = snap.memo.get("notable-extended")
     if found is None:
         notable = set()

@@ -20,9 +20,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gpu_admission.decision import RequestFacts
-from gpu_admission.engine import evaluate
+from gpu_admission.dra.analysis import DEVICECLASS_RESOURCE_PREFIX, needs_analysis
+from gpu_admission.engine import _scan, evaluate, gpu_containers
 from gpu_admission.patch import REQUIRED, PatchBuilder
 from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
+from gpu_admission.sharing_systems import HAMI_RESOURCES
 from tests.fractional.support import policy as fractional_policy
 from tests.policy_helpers import policy_with, pools_policy
 
@@ -432,3 +434,46 @@ def test_garbage_never_raises(spots: list[tuple[tuple[str, str], Any]], policy_i
     assert all(len(w) <= 120 for w in decision.warnings)
     if decision.patch:
         jsonpatch.apply_patch(pod, list(decision.patch), in_place=False)
+
+
+SCAN_NAMES = ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.5gb", "cpu",
+              "nvidia.com/gpucores", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage",
+              "deviceclass.resource.kubernetes.io/gpu.example.com", "example.com/notable"]
+_quantity_maps = st.dictionaries(st.sampled_from(SCAN_NAMES), quantities, max_size=3)
+_resources: st.SearchStrategy[Any] = st.one_of(
+    st.none(), st.just("not-an-object"),
+    st.fixed_dictionaries({}, optional={"limits": st.one_of(_quantity_maps, st.just([])),
+                                        "requests": _quantity_maps}))
+_scan_containers = st.lists(st.one_of(
+    st.just("not-a-container"),
+    st.builds(lambda r: {"name": "c"} if r is None else {"name": "c", "resources": r},
+              _resources)), max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(containers=_scan_containers, init=st.one_of(st.none(), _scan_containers),
+       extended=st.sampled_from([None, frozenset(), frozenset({"example.com/notable"}),
+                                 frozenset({"nvidia.com/gpumem"})]))
+def test_one_scan_answers_the_per_pod_prechecks(
+        containers: list[Any], init: list[Any] | None, extended: frozenset[str] | None) -> None:
+    """engine._scan's flags are what the separate passes answered: DRA's
+    (dra.analysis.needs_analysis, a limit only) and another sharing system's (a HAMi resource
+    in limits or requests), and its containers are gpu_containers'."""
+    spec: dict[str, Any] = {"containers": containers}
+    if init is not None:
+        spec["initContainers"] = init
+    every = [c for c in containers + (init or []) if isinstance(c, dict)
+             and isinstance(c.get("resources"), dict)]
+
+    def names(key: str) -> set[str]:
+        return {n for c in every if isinstance(c["resources"].get(key), dict)
+                for n in c["resources"][key]}
+
+    gcs, dra, hami = _scan(spec, False, extended)
+    assert [(g.kind, g.index, g.resources) for g in gcs] == [
+        (g.kind, g.index, g.resources) for g in gpu_containers(spec)]
+    assert hami == bool((names("limits") | names("requests")) & set(HAMI_RESOURCES))
+    assert dra == any(n.startswith(DEVICECLASS_RESOURCE_PREFIX) or n in (extended or ())
+                      for n in names("limits"))
+    if extended is None:
+        assert dra == needs_analysis(spec, None)

@@ -260,7 +260,7 @@ def test_fractional_pods_go_to_the_webhook() -> None:
                  id="hami-memory"),
 ])
 def test_other_sharing_systems_pods_go_to_the_webhook(pod: dict[str, Any]) -> None:
-    """KAI-Scheduler and HAMi pods (engine._maybe_other: rule other-sharing-system) are the
-    webhook's, whatever their GPU resources."""
+    """KAI-Scheduler and HAMi pods (engine.evaluate's other-system test: rule
+    other-sharing-system) are the webhook's, whatever their GPU resources."""
     assert cel_match(pod, "CREATE", "base") is True
     assert guard_match(pod) is False

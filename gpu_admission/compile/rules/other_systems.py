@@ -26,8 +26,8 @@ from ..units import CompileError, Program, violation
 
 
 def other_system_pods() -> str:
-    """engine._maybe_other: KAI's annotations, or a HAMi resource named in some container's
-    limits or requests (CEL over ``object``)."""
+    """engine.evaluate's other-system test (engine._scan): KAI's annotations, or a HAMi
+    resource named in some container's limits or requests (CEL over ``object``)."""
     ann = "object.metadata.annotations"
     kai = " || ".join(f"{lit(a)} in {ann}" for a in KAI_ANNOTATIONS)
     per_kind = []
