@@ -25,9 +25,13 @@ to a hand-written *floor* MAP (``schedulerName``, ``NVIDIA_MEM_LIMIT_MB`` and
 ``GPU_MEMORY_FRACTION`` on GPU containers, no variables). The inputs of each evaluation (the
 pod, the request, the variables computed so far) are converted to CEL values before the clock
 starts (the binding converts a name on first access, ~3.3 µs for a pod, which the API server
-pays once per policy, not per expression), and the time of an empty expression on the same
-activation (the binding's call overhead) is subtracted per evaluation; an evaluation that
-errs stops the run (a harness fault would otherwise time error paths). The Kubernetes list
+pays once per policy, not per expression), each expression runs once untimed before it is
+timed (warm: which evaluations ran cold otherwise depended on the harness), and the time of
+an empty expression on the same activation (the binding's call overhead) is subtracted per
+evaluation; an evaluation that errs stops the run (a harness fault would otherwise time error
+paths). What the API server does once, when it compiles an expression (cel-go
+``OptOptimize``: constant list/map literals built once, constant regex patterns compiled
+once), is done before the clock too (:func:`plan_time`). The Kubernetes list
 ``lastIndexOf`` and the regex ``find`` are Python callbacks here (native in cel-go): they
 weigh more than in the API server. Then the guard half per policy for the CPU pod (matched or
 skipped, conditions, evaluations, µs). ``--objects FILE`` measures another compiled set
