@@ -25,8 +25,9 @@ is distributed over the terms (cross product).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final
 
 from gpu_admission.quantity import quantity_value
 
@@ -35,6 +36,34 @@ Term = dict[str, Any]
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 _REQUIRED_PTR = "/spec/affinity/nodeAffinity/" + REQUIRED
+
+
+_NAME = operator.itemgetter("name")
+#: Entries: from here the C-level pass of :func:`long_env_last_indexes` costs less than a
+#: Python loop over the list (measured with five names: 0.7 vs 1.4 µs at 5 entries, 2.1 vs
+#: 2.0 at 25, ~17 vs ~5 at 200).
+LONG_ENV: Final = 24
+
+
+def long_env_last_indexes(env: Sequence[Any], names: Iterable[str]) -> dict[str, int] | None:
+    """For a long env list, the index of the last entry named each of ``names`` that it has
+    (the last duplicate is the one the container gets), its names read in one C-level pass
+    (``operator.itemgetter``). None for a list under :data:`LONG_ENV` entries, whose callers'
+    own loop is cheaper, and for one with an entry that is not an object with a ``name`` (the
+    API server rejects such a pod; the callers' loops skip such entries). Callers test the
+    length first (a call costs what a short list's loop does)."""
+    if len(env) < LONG_ENV:
+        return None
+    try:
+        env_names = list(map(_NAME, env))
+        present = set(names).intersection(env_names)
+    except (KeyError, TypeError):  # a non-object entry, a missing or unhashable name
+        return None
+    if not present:
+        return {}
+    last = len(env_names) - 1
+    backwards = env_names[::-1]
+    return {name: last - backwards.index(name) for name in present if name.__class__ is str}
 
 
 def escape(token: str) -> str:
@@ -286,12 +315,14 @@ def _env_ops(out: list[Op], kind: str, index: int, spec: Mapping[str, Any],
         out.append({"op": "add", "path": base,
                     "value": [_env_entry(n, v) for n, v in wanted.items()]})
         return
-    position: dict[str, int] = {}
-    for i, entry in enumerate(env):
-        if entry.__class__ is dict:
-            name = entry.get("name")
-            if name.__class__ is str and name in wanted:
-                position[name] = i  # the last duplicate is the one that takes effect
+    position = long_env_last_indexes(env, wanted) if len(env) >= LONG_ENV else None
+    if position is None:
+        position = {}
+        for i, entry in enumerate(env):
+            if entry.__class__ is dict:
+                name = entry.get("name")
+                if name.__class__ is str and name in wanted:
+                    position[name] = i  # the last duplicate is the one that takes effect
     for name, value in wanted.items():
         at = position.get(name)
         if at is None:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from gpu_admission.fractional import HAMI_MEMORY_LIMIT, Fraction, hami_limit_bytes, hami_limit_text
+from gpu_admission.patch import LONG_ENV, long_env_last_indexes
 from gpu_admission.policy.model import MemoryLimits, NodePool
 from gpu_admission.rules.base import Context, GpuContainer
 from gpu_admission.sharing_systems import OtherContainer
@@ -223,7 +224,11 @@ class MemoryLimit:
         existing: dict[str, tuple[int, Mapping[str, Any]]] = {}
         if isinstance(env, list) and env:
             names = {w[0] for w in wanted}
-            for i, entry in enumerate(env):
+            long = long_env_last_indexes(env, names) if len(env) >= LONG_ENV else None
+            if long is not None:
+                existing = {name: (i, env[i]) for name, i in long.items()}
+                names = set()  # the loop below has nothing left to find
+            for i, entry in enumerate(env if names else ()):
                 # only our variables matter; pods with hundreds of env vars stay cheap
                 if entry.__class__ is dict:
                     name = entry.get("name")

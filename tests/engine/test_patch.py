@@ -13,8 +13,16 @@ from typing import Any
 
 import jsonpatch
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gpu_admission.patch import PatchBuilder, changed_fields, escape
+from gpu_admission.patch import (
+    LONG_ENV,
+    PatchBuilder,
+    changed_fields,
+    escape,
+    long_env_last_indexes,
+)
 from tests.builders import make_container, make_pod
 
 NOT_SHARED = {"key": "nvidia.com/gpu.sharing-strategy", "operator": "NotIn",
@@ -300,3 +308,42 @@ def test_declared_annotations_and_the_summary_annotation(meta: dict[str, Any] | 
         **(meta or {}).get("annotations", {}),
         "gpu-admission.io/gpu-memory": "4096", "gpu-admission.io/mutated": "resources"}
     assert changed_fields(ops) == ["metadata.annotations"]
+
+
+_ENV_ENTRY = st.one_of(
+    st.builds(lambda n, v: {"name": n, "value": v},
+              st.sampled_from(["A", "B", "NVIDIA_VISIBLE_DEVICES", "C"]), st.just("x")),
+    st.just({"value": "no name"}), st.just({"name": ["unhashable"]}), st.just({"name": 7}),
+    st.just("not an object"), st.just(None))
+
+
+@settings(max_examples=400, deadline=None)
+@given(env=st.lists(_ENV_ENTRY, max_size=8).flatmap(  # short lists, and long ones (the C pass)
+           lambda e: st.sampled_from([e, e * 8])),
+       names=st.sets(st.sampled_from(["A", "B", "NVIDIA_VISIBLE_DEVICES", "Z"]), max_size=3))
+def test_long_env_last_indexes_is_the_last_entry_per_name(env: list[Any], names: set[str]) -> None:
+    """patch.long_env_last_indexes (the C-level pass for long lists) against the plain
+    definition: the index of the last object entry whose string name is asked for; None for
+    a short list or one with an entry the pass cannot read (the callers' loops decide)."""
+    expected = {}
+    for i, entry in enumerate(env):
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str) and (
+                entry["name"] in names):
+            expected[entry["name"]] = i
+    got = long_env_last_indexes(env, names)
+    if len(env) < LONG_ENV:
+        assert got is None
+    elif all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in env):
+        assert got == expected
+    else:  # an odd entry: the answer, or None (the caller's loop answers)
+        assert got in (None, expected)
+
+
+@pytest.mark.parametrize("odd", [None, "not an object", {"value": "no name"}],
+                         ids=["readable", "a-string-entry", "an-entry-without-name"])
+def test_long_env_last_indexes_on_a_200_entry_list(odd: Any) -> None:
+    env: list[Any] = [{"name": f"V{i % 50}", "value": str(i)} for i in range(200)]
+    if odd is not None:
+        env.insert(3, odd)
+    got = long_env_last_indexes(env, {"V7", "V49", "ABSENT"})
+    assert got == (None if odd is not None else {"V7": 157, "V49": 199})
