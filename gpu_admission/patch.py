@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final
 
 from gpu_admission.quantity import quantity_value
@@ -39,31 +39,37 @@ _REQUIRED_PTR = "/spec/affinity/nodeAffinity/" + REQUIRED
 
 
 _NAME = operator.itemgetter("name")
-#: Entries: from here the C-level pass of :func:`long_env_last_indexes` costs less than a
-#: Python loop over the list (measured with five names: 0.7 vs 1.4 µs at 5 entries, 2.1 vs
-#: 2.0 at 25, ~17 vs ~5 at 200).
+#: Entries: from here the C-level pass of :func:`last_indexes` costs less than its Python loop
+#: (measured with five names: 0.7 vs 1.4 µs at 5 entries, 2.1 vs 2.0 at 25, ~17 vs ~5 at 200).
 LONG_ENV: Final = 24
 
 
-def long_env_last_indexes(env: Sequence[Any], names: Iterable[str]) -> dict[str, int] | None:
-    """For a long env list, the index of the last entry named each of ``names`` that it has
-    (the last duplicate is the one the container gets), its names read in one C-level pass
-    (``operator.itemgetter``). None for a list under :data:`LONG_ENV` entries, whose callers'
-    own loop is cheaper, and for one with an entry that is not an object with a ``name`` (the
-    API server rejects such a pod; the callers' loops skip such entries). Callers test the
-    length first (a call costs what a short list's loop does)."""
-    if len(env) < LONG_ENV:
-        return None
-    try:
-        env_names = list(map(_NAME, env))
-        present = set(names).intersection(env_names)
-    except (KeyError, TypeError):  # a non-object entry, a missing or unhashable name
-        return None
-    if not present:
-        return {}
-    last = len(env_names) - 1
-    backwards = env_names[::-1]
-    return {name: last - backwards.index(name) for name in present if name.__class__ is str}
+def last_indexes(env: Sequence[Any], names: Collection[str]) -> dict[str, int]:
+    """The index of the last entry of an env list named each of ``names`` that it has (the
+    last duplicate is the one the container gets); an entry that is not an object with a
+    string ``name`` is skipped (the API server rejects such a pod; offline input may have
+    one). The patch builder, the memory rule and the guard look env vars up by name with it.
+
+    From :data:`LONG_ENV` entries the names are read in one C-level pass
+    (``operator.itemgetter``): 200 entries cost ~5 µs where the loop costs ~17; a shorter
+    list, or one with an entry that pass cannot read, takes the loop."""
+    if len(env) >= LONG_ENV:
+        try:
+            env_names = list(map(_NAME, env))
+            present = set(names).intersection(env_names)
+        except (KeyError, TypeError):  # a non-object entry, a missing or unhashable name
+            pass
+        else:
+            last = len(env_names) - 1
+            backwards = env_names[::-1]
+            return {name: last - backwards.index(name) for name in present}
+    out: dict[str, int] = {}
+    for i, entry in enumerate(env):
+        if entry.__class__ is dict:
+            name = entry.get("name")
+            if name.__class__ is str and name in names:
+                out[name] = i
+    return out
 
 
 def escape(token: str) -> str:
@@ -315,14 +321,7 @@ def _env_ops(out: list[Op], kind: str, index: int, spec: Mapping[str, Any],
         out.append({"op": "add", "path": base,
                     "value": [_env_entry(n, v) for n, v in wanted.items()]})
         return
-    position = long_env_last_indexes(env, wanted) if len(env) >= LONG_ENV else None
-    if position is None:
-        position = {}
-        for i, entry in enumerate(env):
-            if entry.__class__ is dict:
-                name = entry.get("name")
-                if name.__class__ is str and name in wanted:
-                    position[name] = i  # the last duplicate is the one that takes effect
+    position = last_indexes(env, wanted)
     for name, value in wanted.items():
         at = position.get(name)
         if at is None:

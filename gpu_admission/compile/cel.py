@@ -56,6 +56,12 @@ def srec(**fields: str) -> str:
     return "{" + ", ".join(f"{lit(k)}: {v}" for k, v in fields.items()) + "}"
 
 
+def let(value: str, name: str, body: str) -> str:
+    """``body`` with ``name`` bound to ``value``, computed once (CEL has no let; ``cel.bind`` is
+    not in the Kubernetes environment): a one-element list mapped and indexed."""
+    return f"[{value}].map({name}, {body})[0]"
+
+
 def var(name: str) -> str:
     return f"variables.{name}"
 

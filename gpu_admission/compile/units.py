@@ -53,7 +53,7 @@ from gpu_admission.vocab import (
     WORKLOAD_LABEL,
 )
 
-from .cel import concat, glob_to_re2, has_path, lit, norm_version, rec, srec, var
+from .cel import concat, glob_to_re2, has_path, let, lit, norm_version, rec, srec, var
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 REQ_PTR = "/spec/affinity/nodeAffinity/" + REQUIRED
@@ -280,22 +280,13 @@ def _ngc_tables() -> dict[str, Any]:
     return data
 
 
-EMPTY = '""'
-
-
-def _let(value: str, name: str, body: str) -> str:
-    """``body`` with ``name`` bound to ``value`` once (CEL has no let; ``cel.bind`` is not in
-    the Kubernetes environment): a one-element list mapped and indexed."""
-    return f"[{value}].map({name}, {body})[0]"
-
-
 def _first_of(prefix: str, *candidates: str) -> str:
     """The first non-empty string of ``candidates``, each computed at most once and only when
     the ones before it are empty (the engine's "first match wins" chains); ``prefix`` names
     the bound values (no shadowing between nested chains)."""
     out = candidates[-1]
     for n, candidate in reversed(list(enumerate(candidates[:-1]))):
-        out = _let(candidate, f"{prefix}{n}", f'{prefix}{n} != "" ? {prefix}{n} : {out}')
+        out = let(candidate, f"{prefix}{n}", f'{prefix}{n} != "" ? {prefix}{n} : {out}')
     return out
 
 
@@ -318,16 +309,16 @@ def _cuda_analysis(policy: Policy, prog: Program) -> None:
     record = ('{"image": s, "digest": s.contains("@") ? s.substring(s.indexOf("@") + 1) : "", '
               '"tag": t >= 0 ? r.substring(t + 1) : "", "registry": reg, '
               '"repo": reg == "" && p.startsWith("library/") ? p.substring(8) : p}')
-    split = _let('h in ["docker.io", "index.docker.io", "registry-1.docker.io"] ? "" : h',
+    split = let('h in ["docker.io", "index.docker.io", "registry-1.docker.io"] ? "" : h',
                  "reg", record)
-    split = _let('h != "" ? n.substring(size(h) + 1) : n', "p", split)
-    split = _let(f'n.contains("/") && ({first}.contains(".") || {first}.contains(":") || '
+    split = let('h != "" ? n.substring(size(h) + 1) : n', "p", split)
+    split = let(f'n.contains("/") && ({first}.contains(".") || {first}.contains(":") || '
                  f'{first} == "localhost") ? {first} : ""', "h", split)
-    split = _let('t >= 0 ? r.substring(0, t) : r', "n", split)
-    split = _let('r.lastIndexOf(":") > r.lastIndexOf("/") ? r.lastIndexOf(":") : -1', "t",
+    split = let('t >= 0 ? r.substring(0, t) : r', "n", split)
+    split = let('r.lastIndexOf(":") > r.lastIndexOf("/") ? r.lastIndexOf(":") : -1', "t",
                  split)
-    split = _let('s.split("@")[0]', "r", split)
-    image = _let('has(g.c.image) ? string(g.c.image) : ""', "s", split)
+    split = let('s.split("@")[0]', "r", split)
+    image = let('has(g.c.image) ? string(g.c.image) : ""', "s", split)
     prog.add("img", f"{gpu}.map(g, {image})",
              "cuda.split_reference and split_image of each GPU container's image: image, "
              "digest, tag, registry (\"\" for Docker Hub), repository")
@@ -372,12 +363,12 @@ def _cuda_analysis(policy: Policy, prog: Program) -> None:
     pytorch = (f"{tag}.matches('-cuda[0-9]{{1,9}}\\\\.[0-9]{{1,9}}(-|$)') ? "
                f'{norm_version(pt_found)} : ""')
     name_cu = cu_of(container)  # a token in the image name's last component (cuda._name_token)
-    tf_or_rest = _let(tf, "tf", 'tf != "" ? (tf == "none" ? "" : tf) : '
+    tf_or_rest = let(tf, "tf", 'tf != "" ? (tf == "none" ? "" : tf) : '
                                 + _first_of("token", cu_of(tag), cuda_token, name_cu))
     builtin = (f'{tag} == "" ? ({name_cu})\n'
                f'  : {repo} == "nvidia/cuda" || {repo}.endsWith("/nvidia/cuda") ? ({nv_cuda})\n'
                f'  : {repo} == "pytorch/pytorch" ? ({pytorch})\n'
-               f'  : {_let(ngc, "ngc", f"ngc != {EMPTY} ? ngc : {tf_or_rest}")}')
+               f'  : {let(ngc, "ngc", "ngc != " + lit("") + " ? ngc : " + tf_or_rest)}')
     # The image tables in a variable of their own: in one expression with the built-in rules
     # the AST nests deeper than cel-cpp's checked-expression decoder takes (upb's depth
     # limit of 100), with a policy table of a few rows.

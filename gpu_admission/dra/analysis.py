@@ -186,9 +186,11 @@ def _sharing_text(eff: _Effective) -> str:
 # --- the pod ---------------------------------------------------------------------------------
 
 def needs_analysis(spec: Mapping[str, Any], snapshot: DraSnapshot | None) -> bool:
-    """Cheap test run for every pod: does it name a claim, or a limit that DRA may serve in a
-    way that matters (a class with a sharing config, a MIG class: :func:`notable_extended`)?
-    A plain ``nvidia.com/gpu`` limit served by a dedicated class needs no DRA analysis.
+    """Does the pod need the DRA analysis: does it name a claim, or a limit that DRA may serve
+    in a way that matters (a class with a sharing config, a MIG class:
+    :func:`notable_extended`)? A plain ``nvidia.com/gpu`` limit served by a dedicated class
+    needs none. The definition: the engine answers it per review from its one scan of the
+    resources (``engine._scan``, property-tested against this).
 
     Only ``limits`` are scanned: an extended resource must have a limit (a request without
     one is rejected by the API server, "Limit must be set for non overcommitable resources").

@@ -64,7 +64,7 @@ from typing import Any, Final
 
 from gpu_admission.decision import Mode, Violation
 from gpu_admission.fractional import is_visible_devices_ref
-from gpu_admission.patch import LONG_ENV, PatchBuilder, long_env_last_indexes
+from gpu_admission.patch import PatchBuilder, last_indexes
 from gpu_admission.rules.base import Context
 from gpu_admission.sharing_systems import KAI
 
@@ -96,26 +96,16 @@ def is_device_path(path: str) -> bool:
     return 0 < len(path) <= PATH_MAX and _DEVICE_PATH.fullmatch(path) is not None
 
 
+_ENV_ONLY: Final = frozenset({ENV})
+
+
 def last_entry(env: Any) -> tuple[int, Mapping[str, Any]] | None:
-    """The last ``NVIDIA_VISIBLE_DEVICES`` entry of an env list and its index (the search
-    itself is ``list.__contains__``, so long env lists cost one comprehension)."""
+    """The last ``NVIDIA_VISIBLE_DEVICES`` entry of an env list and its index."""
     if env.__class__ is not list or not env:
         return None
-    found = long_env_last_indexes(env, _ENV_ONLY) if len(env) >= LONG_ENV else None
-    if found is not None:
-        at = found.get(ENV)
-        return None if at is None else (at, env[at])
-    try:
-        names = [entry.get("name") for entry in env]
-    except AttributeError:  # a non-object entry (the API server would reject the pod)
-        names = [entry.get("name") if entry.__class__ is dict else None for entry in env]
-    if ENV not in names:
-        return None
-    at = len(names) - 1 - names[::-1].index(ENV)
-    return at, env[at]
+    at = last_indexes(env, _ENV_ONLY).get(ENV)
+    return None if at is None else (at, env[at])
 
-
-_ENV_ONLY: Final = (ENV,)
 
 #: Where containers are on Pod CREATE (ephemeral containers cannot be set on CREATE).
 POD_KINDS: Final = ("containers", "initContainers")

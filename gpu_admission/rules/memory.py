@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Final
 
 from gpu_admission.fractional import HAMI_MEMORY_LIMIT, Fraction, hami_limit_bytes, hami_limit_text
-from gpu_admission.patch import LONG_ENV, long_env_last_indexes
+from gpu_admission.patch import last_indexes
 from gpu_admission.policy.model import MemoryLimits, NodePool
 from gpu_admission.rules.base import Context, GpuContainer
 from gpu_admission.sharing_systems import OtherContainer
@@ -221,23 +221,13 @@ class MemoryLimit:
         exactly the one this rule writes (what the validating webhook sees after the mutating
         one), is accepted without parsing it."""
         env = gc.container.get("env")
-        existing: dict[str, tuple[int, Mapping[str, Any]]] = {}
-        if isinstance(env, list) and env:
-            names = {w[0] for w in wanted}
-            long = long_env_last_indexes(env, names) if len(env) >= LONG_ENV else None
-            if long is not None:
-                existing = {name: (i, env[i]) for name, i in long.items()}
-                names = set()  # the loop below has nothing left to find
-            for i, entry in enumerate(env if names else ()):
-                # only our variables matter; pods with hundreds of env vars stay cheap
-                if entry.__class__ is dict:
-                    name = entry.get("name")
-                    if name.__class__ is str and name in names:
-                        existing[name] = (i, entry)
+        if not isinstance(env, list):
+            env = []
+        positions = last_indexes(env, {w[0] for w in wanted}) if env else {}
         for name, value, ok, expected in wanted:
-            found = existing.get(name)
-            if found is not None:
-                i, entry = found
+            i = positions.get(name)
+            if i is not None:
+                entry = env[i]
                 if entry.get("valueFrom") is not None:
                     ctx.violate(UNVERIFIABLE, f"{gc.path}.env[{i}]",
                                 f"{name} uses valueFrom; cannot check it is {expected}")
@@ -263,7 +253,7 @@ class MemoryLimit:
 def settled_names(wanted: Wanted) -> frozenset[str]:
     """The names of ``wanted`` whose written value passes its own check (a pool whose share
     rounds to 0 writes a value its check refuses: that name keeps the full check). The
-    compiled policies make the same test at compile time (compile/rules/memory.py)."""
+    compiled policies ask it for every pool at compile time (compile/rules/memory.py)."""
     return frozenset(name for name, value, ok, _ in wanted if ok(value) is True)
 
 

@@ -16,13 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_admission.patch import (
-    LONG_ENV,
-    PatchBuilder,
-    changed_fields,
-    escape,
-    long_env_last_indexes,
-)
+from gpu_admission.patch import PatchBuilder, changed_fields, escape, last_indexes
 from tests.builders import make_container, make_pod
 
 NOT_SHARED = {"key": "nvidia.com/gpu.sharing-strategy", "operator": "NotIn",
@@ -321,29 +315,23 @@ _ENV_ENTRY = st.one_of(
 @given(env=st.lists(_ENV_ENTRY, max_size=8).flatmap(  # short lists, and long ones (the C pass)
            lambda e: st.sampled_from([e, e * 8])),
        names=st.sets(st.sampled_from(["A", "B", "NVIDIA_VISIBLE_DEVICES", "Z"]), max_size=3))
-def test_long_env_last_indexes_is_the_last_entry_per_name(env: list[Any], names: set[str]) -> None:
-    """patch.long_env_last_indexes (the C-level pass for long lists) against the plain
-    definition: the index of the last object entry whose string name is asked for; None for
-    a short list or one with an entry the pass cannot read (the callers' loops decide)."""
+def test_last_indexes_is_the_last_entry_per_name(env: list[Any], names: set[str]) -> None:
+    """patch.last_indexes (the loop, or the C-level pass for long lists) against the plain
+    definition: the index of the last object entry whose string name is asked for, whatever
+    odd entries the list holds."""
     expected = {}
     for i, entry in enumerate(env):
         if isinstance(entry, dict) and isinstance(entry.get("name"), str) and (
                 entry["name"] in names):
             expected[entry["name"]] = i
-    got = long_env_last_indexes(env, names)
-    if len(env) < LONG_ENV:
-        assert got is None
-    elif all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in env):
-        assert got == expected
-    else:  # an odd entry: the answer, or None (the caller's loop answers)
-        assert got in (None, expected)
+    assert last_indexes(env, names) == expected
 
 
 @pytest.mark.parametrize("odd", [None, "not an object", {"value": "no name"}],
                          ids=["readable", "a-string-entry", "an-entry-without-name"])
-def test_long_env_last_indexes_on_a_200_entry_list(odd: Any) -> None:
+def test_last_indexes_on_a_200_entry_list(odd: Any) -> None:
     env: list[Any] = [{"name": f"V{i % 50}", "value": str(i)} for i in range(200)]
     if odd is not None:
         env.insert(3, odd)
-    got = long_env_last_indexes(env, {"V7", "V49", "ABSENT"})
-    assert got == (None if odd is not None else {"V7": 157, "V49": 199})
+    shift = 0 if odd is None else 1
+    assert last_indexes(env, {"V7", "V49", "ABSENT"}) == {"V7": 157 + shift, "V49": 199 + shift}

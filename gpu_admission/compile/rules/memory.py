@@ -122,8 +122,9 @@ def _written_values_ok(policy: Policy) -> set[str]:
     for pool in [None, *policy.compiled.pools]:
         for devices in (1, 2):
             wanted, _ = memory.wanted_env(pool, limits, devices)
-            for name, value, check, _expected in wanted:
-                ok[name] = ok.get(name, True) and check(value) is True
+            settled = memory.settled_names(wanted)  # the engine's own shortcut, per pool
+            for name, *_ in wanted:
+                ok[name] = ok.get(name, True) and name in settled
     return {name for name, good in ok.items() if good}
 
 
