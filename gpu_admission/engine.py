@@ -638,22 +638,14 @@ def _ephemeral(pod: Mapping[str, Any], spec: Mapping[str, Any], facts: RequestFa
     violations: list[Violation] = []
     guard(spec, frozenset(), compiled.modes, builder, violations, kinds=(EPHEMERAL_KIND,),
           existing=facts.existing_ephemeral, volumes=False)
-    found = tuple(violations)
-    allowed = not any(v.mode is Mode.ENFORCE for v in found)
-    warnings = tuple(dict.fromkeys(short_warning(v) for v in found if v.mode is Mode.WARN))
-    patch: tuple[dict[str, Any], ...] = ()
-    changes: tuple[str, ...] = ()
-    if allowed and builder is not None and not builder.empty:
-        ops = builder.ops()
-        patch, changes = tuple(ops), tuple(changed_fields(ops))
-    return Decision(allowed=allowed, patch=patch, violations=found, warnings=warnings,
-                    changes=changes)
+    return _finish(None, violations, builder)
 
 
-def _finish(meta: Mapping[str, Any], found: list[Violation], builder: PatchBuilder | None,
-            **about: Any) -> Decision:
+def _finish(meta: Mapping[str, Any] | None, found: list[Violation],
+            builder: PatchBuilder | None, **about: Any) -> Decision:
     """The Decision from the collected violations and declared changes: any enforce
-    violation denies (no patch); otherwise the patch plus our annotation, if anything changes."""
+    violation denies (no patch); otherwise the patch plus our annotation, if anything changes
+    (no annotation when ``meta`` is None: an ephemeral-container update keeps only them)."""
     violations = tuple(found)
     allowed = not any(v.mode is Mode.ENFORCE for v in violations)
     warnings = tuple(dict.fromkeys(short_warning(v) for v in violations if v.mode is Mode.WARN))
@@ -663,14 +655,15 @@ def _finish(meta: Mapping[str, Any], found: list[Violation], builder: PatchBuild
         ops = builder.ops()
         if ops:
             fields = changed_fields(ops)
-            annotations = meta.get("annotations")
-            existing = (annotations.get(MUTATED_ANNOTATION)
-                        if isinstance(annotations, dict) else None)
-            summary = _annotation_value(existing, fields)
-            if summary != existing:
-                ops.extend(builder.annotation_ops(MUTATED_ANNOTATION, summary))
-                if "metadata.annotations" not in fields:
-                    fields.append("metadata.annotations")
+            if meta is not None:
+                annotations = meta.get("annotations")
+                existing = (annotations.get(MUTATED_ANNOTATION)
+                            if isinstance(annotations, dict) else None)
+                summary = _annotation_value(existing, fields)
+                if summary != existing:
+                    ops.extend(builder.annotation_ops(MUTATED_ANNOTATION, summary))
+                    if "metadata.annotations" not in fields:
+                        fields.append("metadata.annotations")
             patch = tuple(ops)
             changes = tuple(fields)
     return Decision(allowed=allowed, patch=patch, violations=violations, warnings=warnings,

@@ -175,6 +175,22 @@ def warning_validations(warnings: str) -> list[dict[str, str]]:
     return out
 
 
+def report_validations(mode: Mode) -> list[dict[str, str]]:
+    """The validations of the warn policy (one admission warning per slot) or of the audit
+    policy (one finding list); the GPU policies and the guard half write them alike."""
+    if mode is Mode.WARN:
+        return warning_validations(var("warnings"))
+    return [violations_validation("audits", "GPU sharing policy audit finding (gpu-admission)")]
+
+
+def spec_expressions(validations: list[dict[str, str]],
+                     annotations: list[dict[str, str]]) -> list[str]:
+    """Every CEL expression of a validating policy's validations and audit annotations: what
+    :func:`needed_variables` keeps variables for."""
+    exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
+    return exprs + [a["valueExpression"] for a in annotations]
+
+
 def build_program(policy: Policy, *, partial: bool
                   ) -> tuple[Program, dict[str, WebhookOnly]]:
     """Run the analysis and every unit; collect the rules that stay with the webhook."""
@@ -443,13 +459,9 @@ def compile_policy(policy: Policy, *, partial: bool = False) -> Compiled:
                 audit_annotations.append({
                     "key": key,
                     "valueExpression": f"string({var('auditRecord')}[{lit(key)}])"})
-        elif mode is Mode.WARN:
-            validations += warning_validations(var("warnings"))
         else:
-            validations.append(violations_validation(
-                "audits", "GPU sharing policy audit finding (gpu-admission)"))
-        exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
-        exprs += [a["valueExpression"] for a in audit_annotations]
+            validations += report_validations(mode)
+        exprs = spec_expressions(validations, audit_annotations)
         spec: dict[str, Any] = {
             # A run-time error (a cost limit, say) denies under Fail whatever the binding's
             # actions (validating/dispatcher.go): only enforce may deny, as with the webhook,

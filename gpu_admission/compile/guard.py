@@ -56,9 +56,10 @@ from .compiler import (
     inline_constants,
     needed_variables,
     not_exempt,
+    report_validations,
     short_warning_cel,
+    spec_expressions,
     violations_validation,
-    warning_validations,
 )
 from .rules.gpu_access import GuardUnit
 from .units import Program
@@ -324,13 +325,9 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
             notes = [{"key": key, "valueExpression": f"{var('clean')} ? {clean_value[key]} : "
                                                      f"string({var('auditRecord')}[{lit(key)}])"}
                      for key in ("decision", "violations", "warnings")]
-        elif mode is Mode.WARN:
-            validations += warning_validations(var("warnings"))
         else:
-            validations.append(violations_validation(
-                "audits", "GPU sharing policy audit finding (gpu-admission)"))
-        exprs = [e for v in validations for k, e in v.items() if k.endswith("xpression")]
-        exprs += [n["valueExpression"] for n in notes]
+            validations += report_validations(mode)
+        exprs = spec_expressions(validations, notes)
         spec: dict[str, Any] = {
             "failurePolicy": "Fail" if mode is Mode.ENFORCE else "Ignore",
             "matchConstraints": constraints, "matchConditions": vap_conditions,
