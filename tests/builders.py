@@ -5,9 +5,12 @@ Every test builds its objects through these so the tables stay short and readabl
 
 from __future__ import annotations
 
+import base64
 import copy
 import uuid
 from typing import Any
+
+import orjson
 
 
 def make_container(
@@ -108,3 +111,16 @@ def make_review(
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
         },
     }
+
+
+def patch_ops(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The RFC 6902 ops of an AdmissionReview response ([] when it carries none). A patch comes
+    with ``patchType: JSONPatch`` and never without it (``VerifyAdmissionResponse`` in
+    k8s.io/apiserver/pkg/admission/plugin/webhook/request/admissionreview.go)."""
+    raw = response.get("patch")
+    if raw is None:
+        assert "patchType" not in response, response
+        return []
+    assert response.get("patchType") == "JSONPatch", response
+    ops: list[dict[str, Any]] = orjson.loads(base64.b64decode(raw))
+    return ops

@@ -172,6 +172,15 @@ async def running_server(config: ServerConfig, *ca_pems: bytes) -> AsyncIterator
         await stop(running, delay=0, grace=0)
 
 
+@asynccontextmanager
+async def serving(tmp_path: Path, **overrides: Any) -> AsyncIterator[Server]:
+    """The real server on a new certificate in ``tmp_path/certs``, configured as
+    :func:`make_config` with ``overrides``: where most end-to-end tests start."""
+    secret = SecretDir(tmp_path / "certs", new_bundle())
+    async with running_server(make_config(secret, **overrides), secret.bundles[0].ca_pem) as srv:
+        yield srv
+
+
 async def open_tls(port: int, ca_pems: list[bytes], *, server_hostname: str = SERVICE_HOST,
                    ctx: ssl.SSLContext | None = None
                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

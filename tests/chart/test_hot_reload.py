@@ -12,13 +12,10 @@ reload and the last good policy keeps serving.
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from tests.builders import make_pod, make_review
+from tests.builders import make_pod, make_review, patch_ops
 from tests.chart_support import component, render_chart
 from tests.install.test_manifests import flag, one
 from tests.server_support import SecretDir, make_config, new_bundle, poll_until, running_server
@@ -48,7 +45,7 @@ class ConfigMapVolume:
 
 
 def memory_limit(response: dict[str, Any]) -> str:
-    ops = orjson.loads(base64.b64decode(response["patch"]))
+    ops = patch_ops(response)
     env = next(op["value"] for op in ops if op["path"] == "/spec/containers/0/env")
     return str(next(e["value"] for e in env if e["name"] == "NVIDIA_MEM_LIMIT_MB"))
 

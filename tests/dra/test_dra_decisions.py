@@ -12,7 +12,6 @@ the same answer (same patch, same messages), which holds the webhook to the engi
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 import sys
@@ -20,12 +19,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import pytest
 import pytest_asyncio
 import yaml
 
-from tests.builders import make_review
+from tests.builders import make_review, patch_ops
 from tests.dra.objects import (
     EXTRA_CLASS,
     INFERENCE,
@@ -223,11 +221,6 @@ async def admit(server: Server, pod: dict[str, Any], path: str = "/mutate") -> d
     return response
 
 
-def patch_of(response: dict[str, Any]) -> list[dict[str, Any]]:
-    raw = response.get("patch")
-    return orjson.loads(base64.b64decode(raw)) if raw else []
-
-
 @MODULE_LOOP
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 async def test_webhook_decides_dra_pods_from_its_watch_cache(
@@ -236,7 +229,7 @@ async def test_webhook_decides_dra_pods_from_its_watch_cache(
     row = offline[case.pod["metadata"]["name"]]
     # same verdict, patch and warnings as `evaluate` (offline reads the same objects)
     assert response["allowed"] is row["allowed"]
-    assert patch_of(response) == row["patch"]
+    assert patch_ops(response) == row["patch"]
     if any(v["rule"] == "dra-reference-unknown" for v in row["violations"]):
         # the faces say where the object is missing from: the cache (retry) or the files
         assert "DRA cache" in str(response.get("warnings", response.get("status")))
@@ -247,7 +240,7 @@ async def test_webhook_decides_dra_pods_from_its_watch_cache(
         assert response["status"]["message"] == "; ".join(
             f"[{v['rule']}] {v['path']}: {v['message']}" for v in row["violations"]
             if v["mode"] == "enforce")
-    check_case(case, row["allowed"], row["violations"], patch_of(response))
+    check_case(case, row["allowed"], row["violations"], patch_ops(response))
 
 
 @MODULE_LOOP
@@ -268,7 +261,7 @@ async def test_training_on_timeslicing_template_denial_exact(stack: Stack) -> No
 async def test_inference_on_mps_template_patch_exact(stack: Stack) -> None:
     response = await admit(stack.server, dra_pod("i-mps", INFERENCE, template_name="mps"))
     assert response["allowed"] is True
-    assert patch_of(response) == [
+    assert patch_ops(response) == [
         {"op": "add", "path": "/spec/schedulerName", "value": "gpu-aware-scheduler"},
         {"op": "add", "path": "/spec/nodeSelector",
          "value": {"gpu-admission.io/cuda-version": "12.4"}},

@@ -19,7 +19,6 @@ out of ``exactly`` as the v1beta1 API has them (k8s.io/api/resource/v1beta1 Devi
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import subprocess
@@ -28,12 +27,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import pytest
 import pytest_asyncio
 import yaml
 
-from tests.builders import make_review
+from tests.builders import make_review, patch_ops
 from tests.dra.objects import (
     CUDA_IMAGE,
     INFERENCE,
@@ -249,11 +247,6 @@ def violations_of(response: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def patch_of(response: dict[str, Any]) -> list[dict[str, Any]]:
-    raw = response.get("patch")
-    return orjson.loads(base64.b64decode(raw)) if raw else []
-
-
 @MODULE_LOOP
 @pytest.mark.parametrize("pair", PAIRS, ids=IDS)
 async def test_webhook_decides_each_pair_alike(pair: Pair, server: Server,
@@ -261,11 +254,11 @@ async def test_webhook_decides_each_pair_alike(pair: Pair, server: Server,
     responses = [await admit(server, p) for p in (pair.a, pair.b)]
     # warn-mode rules appear as warnings without a path: compare the denials' paths only
     paths = pair.same_paths and not pair.allowed
-    a, b = (summary(r["allowed"], violations_of(r), patch_of(r), paths) for r in responses)
+    a, b = (summary(r["allowed"], violations_of(r), patch_ops(r), paths) for r in responses)
     check_pair(pair, a, b, [v["message"] for r in responses for v in violations_of(r)])
     # and the webhook's patch is evaluate's, pod for pod
     for pod, response in zip((pair.a, pair.b), responses, strict=True):
-        assert patch_of(response) == offline[pod["metadata"]["name"]]["patch"]
+        assert patch_ops(response) == offline[pod["metadata"]["name"]]["patch"]
 
 
 @MODULE_LOOP
@@ -299,7 +292,6 @@ def test_the_v1beta1_writer_writes_what_the_schema_says() -> None:
         kubernetes_validate.validate(obj, "1.32", strict=True)
 
 
-
 async def test_a_cluster_serving_only_v1beta1_decides_as_v1(
         tmp_path_factory: pytest.TempPathFactory, offline: dict[str, dict[str, Any]]) -> None:
     """Kubernetes 1.32 serves resource.k8s.io/v1beta1 only: the cache watches that version
@@ -321,4 +313,4 @@ async def test_a_cluster_serving_only_v1beta1_decides_as_v1(
                 response = await admit(running, pair.a)
                 row = offline[pair.b["metadata"]["name"]]  # the v1 pod's row
                 assert response["allowed"] is row["allowed"], pair.id
-                assert env_of(patch_of(response)) == env_of(row["patch"]), pair.id
+                assert env_of(patch_ops(response)) == env_of(row["patch"]), pair.id

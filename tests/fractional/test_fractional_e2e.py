@@ -10,7 +10,6 @@ user-set ``NVIDIA_VISIBLE_DEVICES`` (value or ``valueFrom``) is refused.
 
 from __future__ import annotations
 
-import base64
 import copy
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import pytest
 import yaml
 
 from gpu_admission.evaluate_cli import offline_uid
-from tests.builders import make_container, make_review
+from tests.builders import make_container, make_review, patch_ops
 from tests.fractional.support import (
     BAD_INPUT,
     BAD_INPUT_IDS,
@@ -40,21 +39,14 @@ from tests.fractional.support import (
     vllm_patch,
     vllm_pod,
 )
-from tests.server_support import SecretDir, Server, make_config, new_bundle, running_server
+from tests.server_support import Server, serving
 
 
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[Server]:
-    secret = SecretDir(tmp_path / "certs", new_bundle())
-    config = make_config(secret, policy_path=POLICY_FILE, audit_log=str(tmp_path / "audit.log"))
-    async with running_server(config, secret.bundles[0].ca_pem) as srv:
+    async with serving(tmp_path, policy_path=POLICY_FILE,
+                       audit_log=str(tmp_path / "audit.log")) as srv:
         yield srv
-
-
-def patch_of(response: dict[str, Any]) -> list[dict[str, Any]]:
-    assert response["patchType"] == "JSONPatch"
-    ops: list[dict[str, Any]] = orjson.loads(base64.b64decode(response["patch"]))
-    return ops
 
 
 async def test_vllm_pod_becomes_fractional_and_the_output_is_stable(server: Server) -> None:
@@ -62,7 +54,7 @@ async def test_vllm_pod_becomes_fractional_and_the_output_is_stable(server: Serv
     status, body, _ = await server.post("/mutate?timeout=10s", make_review(pod, uid=UID))
     assert status == 200
     response = body["response"]
-    assert patch_of(response) == vllm_patch()
+    assert patch_ops(response) == vllm_patch()
     assert body == {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                     "response": {"uid": UID, "allowed": True, "patchType": "JSONPatch",
                                  "patch": response["patch"],
@@ -74,7 +66,7 @@ async def test_vllm_pod_becomes_fractional_and_the_output_is_stable(server: Serv
                                      "patch": "spec.schedulerName; spec.nodeSelector; "
                                               "spec.containers[0].resources; "
                                               "spec.containers[0].env; metadata.annotations"}}}
-    out = jsonpatch.apply_patch(pod, patch_of(response))
+    out = jsonpatch.apply_patch(pod, patch_ops(response))
     kubernetes_validate.validate(out, "1.30", strict=True)
     container = out["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in str(container["resources"])
@@ -97,7 +89,7 @@ async def test_training_pod_on_the_fractional_pool_keeps_its_whole_gpu(server: S
     _, body, _ = await server.post("/mutate", make_review(pod, uid="u-train"))
     response = body["response"]
     assert response["allowed"] is True
-    out = jsonpatch.apply_patch(pod, patch_of(response))
+    out = jsonpatch.apply_patch(pod, patch_ops(response))
     assert out["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     assert "env" not in out["spec"]["containers"][0]
     assert out["metadata"]["annotations"] == {"gpu-admission.io/mutated": "affinity,schedulerName"}
@@ -137,10 +129,8 @@ async def test_bad_share_is_denied_naming_the_annotation(server: Server) -> None
 
 
 async def test_decision_log_records_the_fractional_mutation(tmp_path: Path) -> None:
-    secret = SecretDir(tmp_path / "certs", new_bundle())
     audit = tmp_path / "audit.log"
-    config = make_config(secret, policy_path=POLICY_FILE, audit_log=str(audit))
-    async with running_server(config, secret.bundles[0].ca_pem) as srv:
+    async with serving(tmp_path, policy_path=POLICY_FILE, audit_log=str(audit)) as srv:
         await srv.post("/mutate", make_review(vllm_pod(), uid=UID))
     (record,) = map(orjson.loads, audit.read_bytes().splitlines())
     assert (record["uid"], record["decision"], record["mutated"], record["gpu"]) == (

@@ -11,7 +11,6 @@ immutable and never judged again.
 
 from __future__ import annotations
 
-import base64
 import copy
 import subprocess
 import sys
@@ -28,8 +27,8 @@ import yaml
 from gpu_admission.decision import Mode, RequestFacts
 from gpu_admission.engine import evaluate
 from gpu_admission.policy.model import default_policy
-from tests.builders import make_container, make_pod, make_review
-from tests.server_support import SecretDir, Server, make_config, new_bundle, running_server
+from tests.builders import make_container, make_pod, make_review, patch_ops
+from tests.server_support import Server, serving
 
 CUDA_IMAGE = "nvidia/cuda:12.4.1-runtime-ubuntu22.04"
 VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
@@ -144,8 +143,7 @@ def test_engine_warn_mode_reports_instead_of_mutating() -> None:
 
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[Server]:
-    secret = SecretDir(tmp_path / "certs", new_bundle())
-    async with running_server(make_config(secret), secret.bundles[0].ca_pem) as srv:
+    async with serving(tmp_path) as srv:
         yield srv
 
 
@@ -161,7 +159,7 @@ async def test_kubectl_debug_with_a_cuda_image_gets_void_over_tls(server: Server
         "uid": "u-debug", "allowed": True, "patchType": "JSONPatch",
         "patch": response["patch"],
         "auditAnnotations": {"decision": "allowed", "patch": "spec.ephemeralContainers[1].env"}}
-    assert orjson.loads(base64.b64decode(response["patch"])) == ops
+    assert patch_ops(response) == ops
     patched = jsonpatch.apply_patch(new, ops)
     kubernetes_validate.validate(patched, "1.30", strict=True)
     # the validating webhook sees the mutated pod (the old debugger is not judged again)

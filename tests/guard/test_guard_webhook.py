@@ -9,7 +9,6 @@ refused; a digest-pinned vLLM pod is routed by ``spec.cudaRouting.images``.
 
 from __future__ import annotations
 
-import base64
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -23,8 +22,8 @@ import pytest
 import yaml
 
 from gpu_admission.policy.model import default_policy_text
-from tests.builders import make_container, make_pod, make_review
-from tests.server_support import SecretDir, Server, make_config, new_bundle, running_server
+from tests.builders import make_container, make_pod, make_review, patch_ops
+from tests.server_support import Server, serving
 
 CUDA_IMAGE = "nvidia/cuda:12.4.1-runtime-ubuntu22.04"
 DIGEST = "sha256:" + "4f" * 32
@@ -63,18 +62,10 @@ DENIAL = ("[gpu-visible-devices] spec.containers[0].env[0]: NVIDIA_VISIBLE_DEVIC
 
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[Server]:
-    secret = SecretDir(tmp_path / "certs", new_bundle())
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml())
-    config = make_config(secret, policy_path=policy, audit_log=str(tmp_path / "audit.log"))
-    async with running_server(config, secret.bundles[0].ca_pem) as srv:
+    async with serving(tmp_path, policy_path=policy, audit_log=str(tmp_path / "audit.log")) as srv:
         yield srv
-
-
-def patch_of(response: dict[str, Any]) -> list[dict[str, Any]]:
-    assert response["patchType"] == "JSONPatch"
-    ops: list[dict[str, Any]] = orjson.loads(base64.b64decode(response["patch"]))
-    return ops
 
 
 async def test_cpu_pod_with_cuda_image_gets_void(server: Server) -> None:
@@ -82,7 +73,7 @@ async def test_cpu_pod_with_cuda_image_gets_void(server: Server) -> None:
     status, body, _ = await server.post("/mutate?timeout=10s", make_review(pod, uid="u-cpu"))
     assert status == 200
     response = body["response"]
-    assert patch_of(response) == [
+    assert patch_ops(response) == [
         {"op": "add", "path": "/spec/containers/0/env", "value": [VOID]},
         {"op": "add", "path": "/metadata/annotations",
          "value": {"gpu-admission.io/mutated": "env"}}]
@@ -92,7 +83,7 @@ async def test_cpu_pod_with_cuda_image_gets_void(server: Server) -> None:
                                  "auditAnnotations": {
                                      "decision": "allowed",
                                      "patch": "spec.containers[0].env; metadata.annotations"}}}
-    patched = jsonpatch.apply_patch(pod, patch_of(response))
+    patched = jsonpatch.apply_patch(pod, patch_ops(response))
     kubernetes_validate.validate(patched, "1.30", strict=True)
     # the validating webhook sees the mutated pod: nothing left to say
     status, body, _ = await server.post("/validate", make_review(patched, uid="u-cpu-v"))
@@ -114,7 +105,7 @@ async def test_digest_pinned_vllm_is_routed_by_the_user_table(server: Server) ->
     status, body, _ = await server.post("/mutate", make_review(pod, uid="u-vllm"))
     response = body["response"]
     assert status == 200 and response["allowed"] is True
-    patched = jsonpatch.apply_patch(pod, patch_of(response))
+    patched = jsonpatch.apply_patch(pod, patch_ops(response))
     assert patched["spec"]["nodeSelector"] == {"gpu-admission.io/cuda-version": "12.4"}
     assert response["auditAnnotations"]["cuda-version"] == "12.4"
     assert response["auditAnnotations"]["cuda-source"] == f"image {VLLM} (spec.containers[0])"
@@ -122,8 +113,7 @@ async def test_digest_pinned_vllm_is_routed_by_the_user_table(server: Server) ->
 
 
 async def test_default_policy_leaves_digest_pinned_vllm_unknown(tmp_path: Path) -> None:
-    secret = SecretDir(tmp_path / "certs", new_bundle())
-    async with running_server(make_config(secret), secret.bundles[0].ca_pem) as srv:
+    async with serving(tmp_path) as srv:
         _, body, _ = await srv.post("/mutate", make_review(vllm_pod(), uid="u-default"))
     assert body["response"]["warnings"] == [
         "cuda-version-unknown: CUDA version unknown; set label gpu-admission.io/cuda-version; "
@@ -131,12 +121,10 @@ async def test_default_policy_leaves_digest_pinned_vllm_unknown(tmp_path: Path) 
 
 
 async def test_decision_log_records_guard_decisions(tmp_path: Path) -> None:
-    secret = SecretDir(tmp_path / "certs", new_bundle())
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml())
     audit = tmp_path / "audit.log"
-    config = make_config(secret, policy_path=policy, audit_log=str(audit))
-    async with running_server(config, secret.bundles[0].ca_pem) as srv:
+    async with serving(tmp_path, policy_path=policy, audit_log=str(audit)) as srv:
         await srv.post("/mutate", make_review(cpu_pod(), uid="r-cpu"))
         await srv.post("/mutate", make_review(all_gpus_pod(), uid="r-all"))
         await srv.post("/mutate", make_review(cpu_pod(), uid="r-exempt",

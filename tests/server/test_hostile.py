@@ -11,7 +11,6 @@ server still healthy afterwards.
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.builders import patch_ops
 from tests.hostile_support import (
     DATA,
     Client,
@@ -341,7 +341,7 @@ def test_fuzz_pods(client: Client, pod: dict[str, Any], api_version: str) -> Non
         return
     final = pod
     if "patch" in response:
-        final = jsonpatch.apply_patch(pod, orjson.loads(base64.b64decode(response["patch"])))
+        final = jsonpatch.apply_patch(pod, patch_ops(response))
     doc2 = review(final, api_version=api_version)
     check_review(doc2, client.post("/validate", orjson.dumps(doc2)))
 

@@ -6,7 +6,6 @@ AdmissionReview JSON in, exact JSON out.
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import ssl
 from collections.abc import AsyncIterator
@@ -25,7 +24,7 @@ from gpu_admission.server import app as app_module
 from gpu_admission.server.app import ssl_context
 from gpu_admission.server.config import MiB
 from gpu_admission.server.run import stop
-from tests.builders import make_container, make_pod, make_review
+from tests.builders import make_container, make_pod, make_review, patch_ops
 from tests.server_support import (
     SERVICE_HOST,
     SecretDir,
@@ -85,12 +84,6 @@ async def server(secret: SecretDir, tmp_path: Path) -> AsyncIterator[Server]:
         yield srv
 
 
-def decode_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
-    assert response["patchType"] == "JSONPatch"
-    ops: list[dict[str, Any]] = orjson.loads(base64.b64decode(response["patch"]))
-    return ops
-
-
 # --- decisions --------------------------------------------------------------------------
 
 async def test_mutate_inference_pod_patch_yields_the_mutated_pod(server: Server) -> None:
@@ -100,7 +93,7 @@ async def test_mutate_inference_pod_patch_yields_the_mutated_pod(server: Server)
     assert status == 200
     assert headers["Content-Type"] == "application/json"
     response = body["response"]
-    patched = jsonpatch.apply_patch(pod, decode_patch(response))
+    patched = jsonpatch.apply_patch(pod, patch_ops(response))
     assert patched == expected_mutated(pod, MEMORY_ENV)
     assert body == {
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -128,7 +121,7 @@ async def test_a_review_as_the_api_server_sends_it_gives_the_expected_pod(
     status, body, _ = await server.post("/mutate?timeout=10s", None, raw=raw)
     assert status == 200
     response = body["response"]
-    patched = jsonpatch.apply_patch(request_pod, decode_patch(response))
+    patched = jsonpatch.apply_patch(request_pod, patch_ops(response))
     expected = orjson.loads((DATA / "pod-mutated-inference.json").read_bytes())
     assert patched == expected
     kubernetes_validate.validate(patched, "1.30", strict=True)  # still a schema-valid Pod
@@ -189,7 +182,7 @@ async def test_v1beta1_is_answered_in_v1beta1(server: Server) -> None:
     assert body["apiVersion"] == "admission.k8s.io/v1beta1"
     assert body["kind"] == "AdmissionReview"
     assert body["response"]["uid"] == "uid-beta"
-    assert jsonpatch.apply_patch(pod, decode_patch(body["response"])) == \
+    assert jsonpatch.apply_patch(pod, patch_ops(body["response"])) == \
         expected_mutated(pod, MEMORY_ENV)
 
 
@@ -569,7 +562,7 @@ async def test_policy_reload_good_then_bad_keeps_the_last_good(secret: SecretDir
     pod = make_pod(labels=INFERENCE)
     async with running_server(config, secret.bundles[0].ca_pem) as srv:
         _, body, _ = await srv.post("/mutate", make_review(pod))
-        assert jsonpatch.apply_patch(pod, decode_patch(body["response"])) == \
+        assert jsonpatch.apply_patch(pod, patch_ops(body["response"])) == \
             expected_mutated(pod, MEMORY_ENV)
         digest = srv.state.policy_digest
 
@@ -580,7 +573,7 @@ async def test_policy_reload_good_then_bad_keeps_the_last_good(secret: SecretDir
         _, body, _ = await srv.post("/mutate", make_review(pod))
         env = [{**e, "value": "8000"} if e["name"] == "NVIDIA_MEM_LIMIT_MB" else e
                for e in MEMORY_ENV]
-        assert jsonpatch.apply_patch(pod, decode_patch(body["response"])) == \
+        assert jsonpatch.apply_patch(pod, patch_ops(body["response"])) == \
             expected_mutated(pod, env)
         good = srv.state.policy_digest
 
@@ -589,7 +582,7 @@ async def test_policy_reload_good_then_bad_keeps_the_last_good(secret: SecretDir
                         ._value.get() == 1)
         assert srv.state.policy_digest == good
         _, body, _ = await srv.post("/mutate", make_review(pod))
-        assert jsonpatch.apply_patch(pod, decode_patch(body["response"])) == \
+        assert jsonpatch.apply_patch(pod, patch_ops(body["response"])) == \
             expected_mutated(pod, env)
         errors = [x for x in srv.log_lines() if x["event"] == "policy_reload_failed"]
         assert len(errors) == 1 and "defaultMemoryMiB" in errors[0]["error"]
