@@ -55,7 +55,7 @@ from typing import Any
 
 import yaml
 
-from gpu_admission.compile.compiler import compile_policy
+from gpu_admission.compile.compiler import compile_policy, is_constant
 from gpu_admission.compile.evaluator import admit, counting_cost
 from gpu_admission.compile.guard import compile_guard
 from gpu_admission.compile.offline import as_admitted
@@ -277,8 +277,6 @@ _TOKENS = re.compile(r"""(?P<comment>//[^\n]*)
     |(?P<word>[A-Za-z_][A-Za-z0-9_]*)
     |(?P<ws>\s+)
     |(?P<punct>.)""", re.X | re.S)
-_CONSTANT_INSIDE = frozenset({"str", "num", "ws", ",", ":", "[", "]", "{", "}", "-",
-                              "true", "false", "null"})
 
 
 def plan_time(expr: str, literal: Callable[[str], str]) -> tuple[str, tuple[str, ...]]:
@@ -286,10 +284,6 @@ def plan_time(expr: str, literal: Callable[[str], str]) -> tuple[str, tuple[str,
     them and ``.matches(<constant>)`` by the precompiled ``.k8sMatches(...)``; returns the text
     and the constant names it reads."""
     tokens = [(m.lastgroup or "", m.group()) for m in _TOKENS.finditer(expr)]
-
-    def kind(tok: tuple[str, str]) -> str:
-        return tok[1] if tok[0] in ("punct", "word") else tok[0]
-
     out: list[str] = []
     names: list[str] = []
     i = 0
@@ -309,9 +303,9 @@ def plan_time(expr: str, literal: Callable[[str], str]) -> tuple[str, tuple[str,
                 if depth == 0:
                     break
                 j += 1
-            inside = tokens[i:j + 1]
-            if j < len(tokens) and all(kind(t) in _CONSTANT_INSIDE for t in inside):
-                name = literal("".join(t for _, t in inside))
+            inside = "".join(t for _, t in tokens[i:j + 1])
+            if j < len(tokens) and is_constant(inside):
+                name = literal(inside)
                 names.append(name)
                 out.append(name)
                 previous, i = "word", j + 1

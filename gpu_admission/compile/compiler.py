@@ -344,7 +344,10 @@ _CONSTANT_TOKENS = re.compile(r"""\s+|//[^\n]*|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|
 _EXPRESSION_KEYS = ("expression", "messageExpression", "valueExpression")
 
 
-def _constant(expr: str, placeholders: Iterable[str]) -> bool:
+def is_constant(expr: str, placeholders: Iterable[str] = ()) -> bool:
+    """Whether ``expr`` is a constant literal (:data:`_CONSTANT_TOKENS`): what the API server
+    builds once, when it compiles an expression (cel-go ``OptOptimize``); benchmarks/
+    compile_bench.py asks it of every list and map literal to emulate that."""
     for word in placeholders:
         expr = expr.replace(word, "null")
     return _CONSTANT_TOKENS.sub("", expr) == ""  # nothing but constant tokens
@@ -364,7 +367,7 @@ def inline_constants(spec: dict[str, Any], placeholders: Iterable[str] = ()) -> 
     for variable in spec.get("variables", []):
         body = "\n".join(line for line in variable["expression"].splitlines()
                          if not line.lstrip().startswith("//")).strip()
-        if _constant(body, words):
+        if is_constant(body, words):
             constants[variable["name"]] = body
     if not constants:
         return

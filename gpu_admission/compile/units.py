@@ -377,10 +377,10 @@ def _cuda_analysis(policy: Policy, prog: Program) -> None:
     if rows:
         prog.add("imgTable", f'{var("img")}.map(m, {_table_lookup(rows, "m")})',
                  "spec.cudaRouting.images, then data/serving-cuda.yaml: first match wins")
-    prog.add("imgCuda", f'lists.range(size({var("img")})).map(i, [{var("img")}[i]].map(m, '
-                        f'm.image == "" ? ""\n'
-                        + (f'  : {table} != "" ? {table}\n' if rows else "")
-                        + f'  : {builtin})[0])',
+    cuda = ('m.image == "" ? ""\n' + (f'  : {table} != "" ? {table}\n' if rows else "")
+            + f"  : {builtin}")
+    prog.add("imgCuda", f'lists.range(size({var("img")})).map(i, '
+                        f'{let(var("img") + "[i]", "m", cuda)})',
              "CUDA of each GPU container's image (\"\" = unknown): the tables, then "
              "cuda.cuda_from_image (nvidia/cuda, pytorch/pytorch, NGC, tensorflow, cu/cuda "
              "tokens)")
