@@ -30,6 +30,7 @@ HEADROOM = 1024  # MiB
 PLACEMENT = Placement.model_validate({"memoryHeadroomMiB": HEADROOM})
 NODE = "n1"
 UUID = "GPU-n1-0"  # what the reservation publishes
+A_SHARE, B_SHARE = 50000, 28000  # MiB: both fit one card (78000 + headroom < 81920)
 
 
 # --- builders -------------------------------------------------------------------------------
@@ -120,9 +121,6 @@ class World:
             name = gpu_id[len(OPENING_PREFIX):]
             return self.opened.setdefault(name, UUID if name == "r1" else f"card-{name}")
         return gpu_id
-
-
-A_SHARE, B_SHARE = 50000, 28000  # MiB: both fit one card (78000 + headroom < 81920)
 
 
 def _a_start(w: World) -> None:
