@@ -351,6 +351,7 @@ def decide(state: ExtenderState, verb: str, body: bytes) -> web.Response:
     placement = policy.spec.placement
     share = fractional_share(args.pod)
     if share is not None and state.kube is not None and state.kube.synced:
+        state.kube.remember(args.pod)  # its bind assumes the share before any API call
         return decide_fractional(state, verb, args, share)
     bad = fractional_error(args.pod)
     if bad and verb == "filter":  # a broken fractional pod fits nowhere; the reason says why
@@ -540,6 +541,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     finally:
         state.started = False
         await cancel_tasks(state.tasks)
+        if state.binder is not None:
+            state.binder.close()
         if state.kube is not None:
             await state.kube.watcher.stop()
             await asyncio.to_thread(state.kube.client.close)
@@ -561,7 +564,9 @@ def create_app(config: ExtenderConfig, *,
     ext_metrics.stale.set_function(lambda: 1.0 if poller.stale() else 0.0)
     if config.kube_source is not None:
         bind_config = config.bind or BindConfig(namespace="gpu-admission", image="gpu-admission")
-        kube_state = KubeState(api_client(config.kube_source, pool_size=16), bind_config,
+        # connections: one per bind thread, plus the three watches
+        kube_state = KubeState(api_client(config.kube_source,
+                                          pool_size=bind_config.api_threads + 4), bind_config,
                                BindMetrics(ext_metrics.registry), log,
                                lambda: state.policy, config.watch_timeout_seconds)
         state.kube = kube_state
