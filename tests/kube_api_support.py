@@ -109,6 +109,9 @@ class FakeApiServer:
     #: held in flight); :attr:`held` lists (method, path) of each call that reached one
     holds: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     held: list[tuple[str, str]] = field(default_factory=list)
+    #: seconds every object call waits before it is served (a remote API server's latency,
+    #: for benchmarks; 0 in tests)
+    latency: float = 0.0
 
     def __post_init__(self) -> None:
         self.lists_open.set()
@@ -325,6 +328,8 @@ async def handle_object(fake: FakeApiServer, request: web.Request) -> web.Respon
     for (method, pattern), code in fake.failures.items():
         if method == request.method and re.search(pattern, request.path):
             return status_response(code, "InternalError", "injected failure")
+    if fake.latency:
+        await asyncio.sleep(fake.latency)
     for (method, pattern), gate in list(fake.holds.items()):
         if method == request.method and re.search(pattern, request.path):
             fake.held.append((request.method, request.path))

@@ -112,7 +112,7 @@ class BindConfig:
     #: that a burst's binds never queue behind each other (asyncio's default pool has
     #: min(32, CPUs + 4) threads, 6 on 2 cores, shared with everything else: issue 36 saw
     #: a bind wait 0.6 s there between writing the ConfigMap and posting the binding)
-    api_threads: int = 64
+    api_threads: int = 32
 
 
 #: Seconds a bind waits for an opened card's UUID (the reservation pod's start).
