@@ -542,7 +542,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         state.started = False
         await cancel_tasks(state.tasks)
         if state.binder is not None:
-            state.binder.close()
+            await state.binder.close()
         if state.kube is not None:
             await state.kube.watcher.stop()
             await asyncio.to_thread(state.kube.client.close)
@@ -564,9 +564,7 @@ def create_app(config: ExtenderConfig, *,
     ext_metrics.stale.set_function(lambda: 1.0 if poller.stale() else 0.0)
     if config.kube_source is not None:
         bind_config = config.bind or BindConfig(namespace="gpu-admission", image="gpu-admission")
-        # connections: one per bind thread, plus the three watches
-        kube_state = KubeState(api_client(config.kube_source,
-                                          pool_size=bind_config.api_threads + 4), bind_config,
+        kube_state = KubeState(api_client(config.kube_source, pool_size=16), bind_config,
                                BindMetrics(ext_metrics.registry), log,
                                lambda: state.policy, config.watch_timeout_seconds)
         state.kube = kube_state

@@ -30,13 +30,11 @@ blocks.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -49,6 +47,7 @@ from structlog.typing import FilteringBoundLogger
 
 from gpu_admission.fractional import visible_devices_value
 from gpu_admission.kube import client as kube
+from gpu_admission.kube.aio import AsyncKube
 from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
 from gpu_admission.placement.fractional import (
     NEW_GPU,
@@ -108,11 +107,11 @@ class BindConfig:
     #: that deletes (kube-scheduler's identity is "<hostname>_<uuid>", hostname = pod name).
     #: "": every replica (a single one)
     leader_lease: str = ""
-    #: threads of the bind's own pool for its Kubernetes calls (blocking client): enough
-    #: that a burst's binds never queue behind each other (asyncio's default pool has
-    #: min(32, CPUs + 4) threads, 6 on 2 cores, shared with everything else: issue 36 saw
-    #: a bind wait 0.6 s there between writing the ConfigMap and posting the binding)
-    api_threads: int = 32
+    #: connections of the bind's own asynchronous client (:mod:`gpu_admission.kube.aio`):
+    #: a burst's calls never queue behind each other (issue 36: on asyncio's default thread
+    #: pool, min(32, CPUs + 4) = 6 threads on 2 cores, a bind waited 0.6 s between writing
+    #: the ConfigMap and posting the binding)
+    api_connections: int = 64
 
 
 #: Seconds a bind waits for an opened card's UUID (the reservation pod's start).
@@ -378,22 +377,15 @@ class Binder:
         #: held by housekeeping while it closes empty cards (bind's choice needs no lock:
         #: it runs with no ``await`` between reading the ledger and recording the share)
         self.lock = asyncio.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=state.config.api_threads,
-                                       thread_name_prefix="gpu-bind")
+        #: the bind's own client: coroutines on the loop, no thread (blocking at startup:
+        #: reads the TLS files)
+        self.api = AsyncKube(state.client.configuration, limit=state.config.api_connections)
 
-    def close(self) -> None:
-        """Stop the pool's threads once their calls end (calls in flight still finish)."""
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn`` (blocking) on the bind's own thread pool; the event loop never waits."""
-        return await asyncio.get_running_loop().run_in_executor(
-            self.pool, functools.partial(fn, *args, **kwargs))
+    async def close(self) -> None:
+        await self.api.close()
 
     async def call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        result: dict[str, Any] = await self.run(kube.request, self.state.client, method, path,
-                                                **kwargs)
-        return result
+        return await self.api.request(method, path, **kwargs)
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """"" when bound, else the Error for ExtenderBindingResult.
@@ -414,7 +406,7 @@ class Binder:
                 kind = "fractional"
                 await self._bind_fractional(facts, node)
             else:
-                await self.run(post_binding, self.state.client, namespace, name, uid, node)
+                await post_binding(self.api, namespace, name, uid, node)
         except BindError as exc:
             self.state.metrics.binds.labels(kind, "error").inc()
             self.state.log.warning("bind_failed", pod=f"{namespace}/{name}", node=node,
@@ -501,10 +493,9 @@ class Binder:
                 uuid = await self._wait_opening(gpu_id[len(OPENING_PREFIX):], node)
             else:
                 uuid = gpu_id
-            # the ConfigMap, then the binding, in one job on the pool: no trip through the
-            # event loop (and no queue) between the two calls
-            await self.run(commit, state.client, facts, node,
-                           visible_devices_value(uuid, strategy), state.log)
+            # the ConfigMap, then at once the binding: nothing else between the two calls
+            await commit(self.api, facts, node, visible_devices_value(uuid, strategy),
+                         state.log)
         except BaseException:
             state.ledger.unassume(facts.uid)
             if opened and not (uuid and _in_use(state.ledger.view(node), uuid)):
@@ -709,33 +700,32 @@ def binding_body(namespace: str, name: str, uid: str, node: str) -> dict[str, An
             "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
 
 
-def post_binding(client: k8s.ApiClient, namespace: str, name: str, uid: str,
-                 node: str) -> None:
-    """``POST pods/{name}/binding``. Blocking (run on the bind's pool)."""
-    kube.request(client, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
-                 body=binding_body(namespace, name, uid, node))
+async def post_binding(api: AsyncKube, namespace: str, name: str, uid: str,
+                       node: str) -> None:
+    """``POST pods/{name}/binding``."""
+    await api.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
+                      body=binding_body(namespace, name, uid, node))
 
 
-def commit(client: k8s.ApiClient, facts: PodFacts, node: str, value: str,
-           log: FilteringBoundLogger) -> None:
-    """Write the pod's own ConfigMap, then post its binding; blocking, one job on the
-    bind's pool (two calls back to back, no trip through the event loop between them).
-    A ConfigMap that already exists is used only when it is ours for this very pod (our
-    label, owned by its UID) and names the same GPU; anything else (a tenant's ConfigMap
-    under that name) is refused. A binding that fails deletes the ConfigMap this call made
-    before raising, so a failed bind leaves nothing."""
+async def commit(api: AsyncKube, facts: PodFacts, node: str, value: str,
+                 log: FilteringBoundLogger) -> None:
+    """Write the pod's own ConfigMap, then post its binding (back to back, no other call
+    between them). A ConfigMap that already exists is used only when it is ours for this
+    very pod (our label, owned by its UID) and names the same GPU; anything else (a
+    tenant's ConfigMap under that name) is refused. A binding that fails deletes the
+    ConfigMap this call made before raising, so a failed bind leaves nothing."""
     namespace, cm_name = facts.namespace, facts.configmap
     path = f"/api/v1/namespaces/{namespace}/configmaps"
     created = False
     try:
-        kube.request(client, "POST", path, body=configmap(namespace, cm_name, facts.name,
-                                                          facts.uid, value))
+        await api.request("POST", path, body=configmap(namespace, cm_name, facts.name,
+                                                       facts.uid, value))
         created = True
     except kube.KubeError as exc:
         if exc.status != kube.HTTP_CONFLICT:
             raise BindError(f"cannot create ConfigMap {namespace}/{cm_name}: {exc}") from None
     if not created:
-        existing = kube.request(client, "GET", f"{path}/{cm_name}")
+        existing = await api.request("GET", f"{path}/{cm_name}")
         entry = configmap_entry(existing)
         labels = (existing.get("metadata") or {}).get("labels") or {}
         if labels.get(CONFIGMAP_LABEL) != "true" or entry.owner_uid != facts.uid:
@@ -747,11 +737,11 @@ def commit(client: k8s.ApiClient, facts: PodFacts, node: str, value: str,
             raise BindError(f"ConfigMap {namespace}/{cm_name} (ours, from an earlier bind of "
                             f"this pod) names another GPU; not rebinding over it")
     try:
-        post_binding(client, namespace, facts.name, facts.uid, node)
+        await post_binding(api, namespace, facts.name, facts.uid, node)
     except BaseException:
         if created:
             try:
-                kube.request(client, "DELETE", f"{path}/{cm_name}")
+                await api.request("DELETE", f"{path}/{cm_name}")
             except Exception as exc:  # cleanup: logged; the ledger ignores what is left
                 log.warning("cleanup_failed", method="DELETE", path=f"{path}/{cm_name}",
                             error=f"{type(exc).__name__}: {str(exc)[:200]}")
