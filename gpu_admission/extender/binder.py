@@ -6,15 +6,19 @@
   never hands out memory twice.
 * :meth:`Binder.bind` answers kube-scheduler's ``ExtenderBindingArgs`` (``PodName``,
   ``PodNamespace``, ``PodUID``, ``Node``; ``k8s.io/kube-scheduler/extender/v1/types.go``).
-  For a fractional pod, under one lock: re-check fit on the ledger and choose the GPU
-  (:func:`gpu_admission.placement.fractional.choose`) and record the share; then, without the
-  lock: open the GPU if new (a reservation pod holding one whole ``nvidia.com/gpu``, waiting
-  a bounded time for ``gpu-admission reserve`` to publish the UUID), write the pod's own
-  ConfigMap with the UUID, and only then ``POST pods/{name}/binding``. Any failure undoes
-  what this bind made (the ConfigMap, a reservation it opened) and returns ``Error``, so
-  kube-scheduler forgets the assumed placement and retries (KAI-Scheduler's binder does the
-  same: ``pkg/binder/binding/resourcereservation/resource_reservation.go``). Other pods are
-  bound as kube-scheduler's DefaultBinder does.
+  For a fractional pod, before any API call (no ``await`` in between, so atomic on the event
+  loop): re-check fit on the ledger, choose the GPU
+  (:func:`gpu_admission.placement.fractional.choose`) and record the share as assumed, so the
+  next pod's filter and prioritize count it at once (kube-scheduler sends them while this
+  bind is in flight); the pod's share comes from the pod filter/prioritize saw or the watch
+  (:class:`PodFacts`). Then: open the GPU if new (a reservation pod holding one whole
+  ``nvidia.com/gpu``, waiting a bounded time for ``gpu-admission reserve`` to publish the
+  UUID), write the pod's own ConfigMap with the UUID, and at once ``POST
+  pods/{name}/binding``. Any failure undoes what this bind made (the ConfigMap, a
+  reservation it opened) and returns ``Error``, so kube-scheduler forgets the assumed
+  placement and retries (KAI-Scheduler's binder does the same:
+  ``pkg/binder/binding/resourcereservation/resource_reservation.go``). Other pods are bound
+  as kube-scheduler's DefaultBinder does.
 * Housekeeping on every replica (all idempotent): reservation pods whose last fractional pod
   is gone are deleted (after a grace period longer than any bind in flight), and each node
   of a fractional pool advertises ``gpu-admission.io/gpu-memory`` = GPUs x ``memoryMiB`` in
@@ -23,8 +27,8 @@
 
 Only the leader binds: the extender listens on loopback, and kube-scheduler calls it only
 while it holds the ``gpu-aware-scheduler`` lease (``leaderElection`` in the scheduler
-config). Every API call runs in a thread (``asyncio.to_thread``): the event loop never
-blocks.
+config). The bind's API calls run on an asynchronous client
+(:mod:`gpu_admission.kube.aio`), the watch in its own threads: the event loop never blocks.
 """
 
 from __future__ import annotations
