@@ -17,10 +17,15 @@ import random
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
+from kubernetes import client as k8s
 
 from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod
+from gpu_admission.kube.aio import AsyncKube
+from gpu_admission.kube.client import KubeError
 from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_UUID_ANNOTATION
 from tests.extender.fractional_support import (
     CARD_MIB,
@@ -38,6 +43,7 @@ from tests.extender.fractional_support import (
     until,
 )
 from tests.extender_support import args_with_names
+from tests.server_support import free_port
 
 pytestmark = pytest.mark.asyncio
 
@@ -242,3 +248,55 @@ async def test_metrics_show_races_cards_and_free_memory(tmp_path: Path) -> None:
                       gpu="GPU-n1-1") == CARD_MIB - 62000
         assert sample(text, "gpu_admission_extender_gpu_free_mib", node="n1",
                       gpu=uuid) is None  # closed: no longer offered
+
+
+# --- the bind's asynchronous client -------------------------------------------------------
+
+async def test_the_async_client_speaks_as_the_kubernetes_client_configures_it(
+        tmp_path: Path) -> None:
+    """The bearer token of the ``kubernetes`` configuration on every call, JSON bodies, a
+    ``Status`` error as KubeError with its reason and message, an unreachable server as
+    KubeError (status 0) naming the call."""
+    seen: list[tuple[str, str, str | None, Any]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else None
+        seen.append((request.method, request.path, request.headers.get("Authorization"),
+                     body))
+        if request.path.endswith("/missing"):
+            return web.json_response({"kind": "Status", "status": "Failure",
+                                      "reason": "NotFound", "message": 'pods "missing" not '
+                                      "found", "code": 404}, status=404)
+        return web.json_response({"kind": "Pod", "metadata": {"name": "x"}}, status=201)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    configuration = k8s.Configuration(host=f"http://127.0.0.1:{port}",
+                                      api_key={"authorization": "secret-token"},
+                                      api_key_prefix={"authorization": "Bearer"})
+    api = AsyncKube(configuration)
+    try:
+        assert await api.request("POST", "/api/v1/namespaces/t/pods",
+                                 body={"kind": "Pod"}) == {"kind": "Pod",
+                                                           "metadata": {"name": "x"}}
+        with pytest.raises(KubeError) as info:
+            await api.request("GET", "/api/v1/namespaces/t/pods/missing")
+        assert (info.value.status, info.value.reason, info.value.message) == (
+            404, "NotFound", 'pods "missing" not found')
+        assert seen == [("POST", "/api/v1/namespaces/t/pods", "Bearer secret-token",
+                         {"kind": "Pod"}),
+                        ("GET", "/api/v1/namespaces/t/pods/missing", "Bearer secret-token",
+                         None)]
+    finally:
+        await api.close()
+        await runner.cleanup()
+    gone = AsyncKube(configuration)
+    try:
+        with pytest.raises(KubeError, match=r"HTTP 0 Unreachable: GET /api/v1/nodes: "):
+            await gone.request("GET", "/api/v1/nodes")
+    finally:
+        await gone.close()
