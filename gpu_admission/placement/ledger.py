@@ -227,6 +227,9 @@ class Ledger:
     #: first moment either is known (issue 36: a card shown empty beside its own shares)
     published: dict[str, str] = field(default_factory=dict)
     _by_node: dict[str, set[Key]] = field(default_factory=dict)
+    #: ConfigMap key -> the keys of the bound pods naming it (a ConfigMap event touches
+    #: those alone: no scan of every pod per event during a burst)
+    _by_configmap: dict[Key, set[Key]] = field(default_factory=dict)
     _views: dict[str, NodeView] = field(default_factory=dict)
 
     # --- feeding (from the watch cache) ------------------------------------------------
@@ -264,6 +267,8 @@ class Ledger:
             return
         self.pods[key] = entry
         self._by_node.setdefault(entry.node, set()).add(key)
+        if entry.configmap:
+            self._by_configmap.setdefault((entry.namespace, entry.configmap), set()).add(key)
         self._views.pop(entry.node, None)
         if entry.reservation:
             self.opening.pop(entry.name, None)
@@ -285,6 +290,7 @@ class Ledger:
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         self.pods.clear()
         self._by_node.clear()
+        self._by_configmap.clear()
         self._views.clear()
         for pod in pods:
             self.set_pod(pod)
@@ -314,17 +320,25 @@ class Ledger:
         self._views.clear()
 
     def _touch_configmap(self, key: Key) -> None:
-        # a ConfigMap changes the view of the node its pod is on (few pods per namespace)
-        for entry in list(self.pods.values()):
-            if entry.configmap == key[1] and entry.namespace == key[0]:
-                self._views.pop(entry.node, None)
-                if entry.uid in self.assumed and self._placed(entry):
-                    self._forget_assumed(entry.uid)
+        """A ConfigMap changes the view of the node its pod is on."""
+        for pod_key in list(self._by_configmap.get(key, ())):
+            entry = self.pods.get(pod_key)
+            if entry is None:
+                continue
+            self._views.pop(entry.node, None)
+            if entry.uid in self.assumed and self._placed(entry):
+                self._forget_assumed(entry.uid)
 
     def _drop_pod(self, key: Key) -> None:
         old = self.pods.pop(key, None)
         if old is not None:
             self._by_node.get(old.node, set()).discard(key)
+            if old.configmap:
+                holders = self._by_configmap.get((old.namespace, old.configmap))
+                if holders is not None:
+                    holders.discard(key)
+                    if not holders:
+                        del self._by_configmap[(old.namespace, old.configmap)]
             self._views.pop(old.node, None)
 
     def _forget_assumed(self, uid: str) -> None:
