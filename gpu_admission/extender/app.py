@@ -541,11 +541,11 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     finally:
         state.started = False
         await cancel_tasks(state.tasks)
-        if state.binder is not None:
-            await state.binder.close()
         if state.kube is not None:
             await state.kube.watcher.stop()
             await asyncio.to_thread(state.kube.client.close)
+        if state.binder is not None:  # the bind's own client (issue 36)
+            await state.binder.close()
         state.log.info("extender_stopped")
 
 
