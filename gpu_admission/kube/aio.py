@@ -10,7 +10,9 @@ way (issue 36). Here the calls are coroutines on the loop; nothing waits for a t
 
 API conventions: https://kubernetes.io/docs/reference/using-api/api-concepts/. Errors are
 :class:`~gpu_admission.kube.client.KubeError` with the ``Status`` message, as the blocking
-client raises them.
+client raises them; an unreachable server or a timeout is a KubeError with status 0. Not
+supported (the extender runs in-cluster or with a plain kubeconfig): an HTTP proxy
+(``configuration.proxy``).
 """
 
 from __future__ import annotations
@@ -74,8 +76,7 @@ class AsyncKube:
             connect, read = DEFAULT_TIMEOUT
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.limit, ssl=self.ssl or False),
-                timeout=aiohttp.ClientTimeout(total=connect + read, sock_connect=connect),
-                json_serialize=lambda o: orjson.dumps(o).decode())
+                timeout=aiohttp.ClientTimeout(total=connect + read, sock_connect=connect))
         return self.session
 
     async def request(self, method: str, path: str, *, body: Any = None,
