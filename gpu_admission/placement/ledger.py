@@ -294,10 +294,11 @@ class Ledger:
         self._views.clear()
         for pod in pods:
             self.set_pod(pod)
-        # forget UUIDs of reservations gone while the watch was away (none in flight)
+        # forget reservations gone while the watch was away (none in flight)
         listed = {e.name for e in self.pods.values() if e.reservation}
         for name in [n for n in self.published if n not in listed and n not in self.opening]:
             del self.published[name]
+        self.closing &= listed
 
     def set_configmap(self, cm: Mapping[str, Any]) -> None:
         meta = cm.get("metadata") or {}
@@ -399,7 +400,10 @@ class Ledger:
                 self._views.pop(a.node, None)
 
     def close_opening(self, reservation: str) -> None:
-        """A reservation that failed: forget it and every share assumed on it."""
+        """A reservation that failed: forget it and every share assumed on it. It is also
+        marked closing until the watch shows it deleted: a UUID it publishes late (its pod
+        started while the binder gave up on it) must not offer its card again."""
+        self.closing.add(reservation)
         node = self.opening.pop(reservation, None)
         old = self.gpu_id(OPENING_PREFIX + reservation)
         self.published.pop(reservation, None)

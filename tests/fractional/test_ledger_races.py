@@ -229,3 +229,76 @@ def test_every_interleaving_of_two_binds_and_the_publication(chunk: int) -> None
         # settled: both bound and placed, nothing left assumed, a card shared by both
         assert w.led.assumed == {}
         assert w.led.usage() == {NODE: {UUID: A_SHARE + B_SHARE}}
+
+
+# --- an opening that fails ------------------------------------------------------------------
+
+@dataclass
+class Failing(World):
+    """a opens r1 and b may join it; r1 never reports in time, so a's bind closes it (its
+    shares, b's too, are dropped) while its pod may still publish the UUID before the
+    watch shows it deleted. After the close the card must never be offered again."""
+
+    done: set[str] = field(default_factory=set)
+
+
+def _a_close(w: World) -> None:
+    w.led.close_opening("r1")  # what the binder's _close does when the wait times out
+    w.promised = {k: v for k, v in w.promised.items() if v[0] != UUID}
+
+
+def _r_deleted(w: World) -> None:
+    w.led.remove_pod(reservation("r1", UUID if w.published else ""))
+
+
+FAIL_STEPS: dict[str, Callable[[World], None]] = {
+    "a_start": _a_start, "b_start": _b_start, "r_added": _r_added, "a_close": _a_close,
+    "r_uuid": _r_uuid, "r_deleted": _r_deleted}
+FAIL_BEFORE = [("a_start", "b_start"), ("a_start", "r_added"), ("r_added", "r_uuid"),
+               ("a_start", "a_close"), ("a_close", "r_deleted"), ("r_added", "r_deleted"),
+               ("r_uuid", "r_deleted")]
+
+
+def fail_orders() -> list[tuple[str, ...]]:
+    out = []
+    for order in itertools.permutations(FAIL_STEPS):
+        at = {s: i for i, s in enumerate(order)}
+        if all(at[x] < at[y] for x, y in FAIL_BEFORE):
+            out.append(order)
+    return out
+
+
+def check_failing(w: Failing, after: str) -> None:
+    view = w.led.view(NODE)
+    cards = [w.card(g.gpu_id) for g in view.open]
+    assert len(cards) == len(set(cards)), f"after {after}: a card listed twice: {view.open}"
+    if "a_close" in w.done:
+        assert UUID not in cards, f"after {after}: the closed card is offered: {view.open}"
+    truth: dict[str, int] = {}
+    for card, mib in w.promised.values():
+        truth[card] = truth.get(card, 0) + mib
+    shown = {w.card(g.gpu_id): g.used_mib for g in view.open}
+    assert {c: m for c, m in shown.items() if m} == truth, f"after {after}: {view.open}"
+    r1_holds = (("a_close" not in w.done) or
+                ("r_added" in w.done and "r_deleted" not in w.done))
+    held = int(r1_holds) + int("r2" in w.opened)
+    assert view.free_whole == 2 - held, f"after {after}: {view}"
+    for probe in (2000, 30000, 52000, 80000):
+        choice = choose(view, CARD, probe, PLACEMENT)
+        if choice is not None and choice.gpu_id != NEW_GPU:
+            assert w.card(choice.gpu_id) != UUID or "a_close" not in w.done, after
+            free = CARD - truth.get(w.card(choice.gpu_id), 0)
+            assert free >= probe + HEADROOM, f"after {after}: {probe} MiB offered on {choice}"
+
+
+def test_a_failed_opening_never_offers_its_card_again() -> None:
+    """Every order of the opener's close, b's bind, and the reservation's added, late UUID
+    and deleted events (on main a UUID published after the close reopened the card)."""
+    orders = fail_orders()
+    assert len(orders) == 15  # r_deleted always last; the rest in every causal order
+    for order in orders:
+        w = Failing()
+        for step in order:
+            FAIL_STEPS[step](w)
+            w.done.add(step)
+            check_failing(w, f"{step} in {order}")
