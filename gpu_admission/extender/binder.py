@@ -620,16 +620,18 @@ class Binder:
                     continue
                 state.ledger.close(e.name)
                 empty.append(e)
-            empty += [e for e in state.ledger.pods.values()  # deletes that failed before
-                      if e.reservation and e.name in state.ledger.closing and e not in empty]
-        for entry in empty:
+            # deletes that failed before (or still terminating): sent again, counted once
+            retry = [e for e in state.ledger.pods.values()
+                     if e.reservation and e.name in state.ledger.closing and e not in empty]
+        for entry in empty + retry:
             await self._quietly("DELETE", f"/api/v1/namespaces/{entry.namespace}/pods/"
                                           f"{entry.name}")
             state.created.pop(entry.name, None)
-            state.metrics.reservations.labels("deleted").inc()
-            state.metrics.gpus_released.labels("empty").inc()
-            state.log.info("gpu_released", reservation=entry.name, node=entry.node,
-                           uuid=entry.gpu_uuid)
+            if entry in empty:
+                state.metrics.reservations.labels("deleted").inc()
+                state.metrics.gpus_released.labels("empty").inc()
+                state.log.info("gpu_released", reservation=entry.name, node=entry.node,
+                               uuid=entry.gpu_uuid)
             deleted.append(entry.name)
         return deleted
 
