@@ -213,7 +213,8 @@ async def test_two_hundred_binds_at_a_nearly_full_ledger(tmp_path: Path) -> None
 
 async def test_metrics_show_races_cards_and_free_memory(tmp_path: Path) -> None:
     async with stack(tmp_path, frac_node("n1", gpus=2)) as s:
-        state = await s.start_extender(reservation_timeout=0.3)
+        # long enough for a loaded CI host to deliver a UUID; c's reservation never reports
+        state = await s.start_extender(reservation_timeout=1.5)
         a, b, c, d = s.create(frac_pod("a", 50000), frac_pod("b", 20000),
                               frac_pod("c", 50000), frac_pod("d", 20000))
         assert await s.post("bind", binding_args(a, "n1")) == {"Error": ""}
