@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 from aiohttp import web
 from kubernetes import client as k8s
 
+from gpu_admission.certs import generate_bundle, write_bundle
 from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod
 from gpu_admission.kube.aio import AsyncKube
 from gpu_admission.kube.client import KubeError
@@ -303,3 +305,36 @@ async def test_the_async_client_speaks_as_the_kubernetes_client_configures_it(
             await gone.request("GET", "/api/v1/nodes")
     finally:
         await gone.close()
+
+
+async def test_the_async_client_verifies_the_api_server_with_the_configured_ca(
+        tmp_path: Path) -> None:
+    """TLS as the kubeconfig or ServiceAccount configures it: the server's certificate is
+    checked against ``ssl_ca_cert``; without that CA the call fails (status 0, a
+    certificate error), it is never sent unverified."""
+    bundle = generate_bundle("kubernetes", "default", dev=True)
+    write_bundle(bundle, tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"kind": "NodeList", "items": []})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/nodes", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=server_tls).start()
+    trusted = AsyncKube(k8s.Configuration(host=f"https://127.0.0.1:{port}",
+                                          ssl_ca_cert=str(tmp_path / "ca.crt")))
+    stranger = AsyncKube(k8s.Configuration(host=f"https://127.0.0.1:{port}"))
+    try:
+        assert await trusted.request("GET", "/api/v1/nodes") == {"kind": "NodeList",
+                                                                  "items": []}
+        with pytest.raises(KubeError, match=r"HTTP 0 Unreachable: .*[Cc]ertificate"):
+            await stranger.request("GET", "/api/v1/nodes")
+    finally:
+        await trusted.close()
+        await stranger.close()
+        await runner.cleanup()
