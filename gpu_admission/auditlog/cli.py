@@ -146,7 +146,8 @@ def audit(ctx: click.Context, domains: tuple[str, ...], progress: bool | None) -
     """Review gpu-admission decisions from decision logs or API server audit logs.
 
     INPUTS are files, globs ('/var/log/gpu-admission/audit.log*' includes rotated and
-    gzipped files) or '-' for stdin (the default).
+    gzipped files), pipes such as <(kubectl logs ...), or '-' for stdin (the default).
+    The server's own log lines in a mixed stream (serve --audit-log -) are skipped.
     """
     ctx.obj = Context(domains, progress)
 
@@ -224,7 +225,8 @@ def summary(obj: Context, /, inputs: tuple[str, ...], fmt: str, top: int, **kw: 
         click.echo(f"filter: {filt.describe()}")
         click.echo(f"read {stats.files} file(s), {stats.lines} lines, "
                    f"{stats.events_skipped} audit events without our annotations, "
-                   f"{stats.bad} bad lines")
+                   + (f"{stats.log_lines} server log lines, " if stats.log_lines else "")
+                   + f"{stats.bad} bad lines")
         for dim in DIMENSIONS:
             rows_ = result.rows(dim, top)
             if not rows_:

@@ -8,6 +8,7 @@ answers at once. In a cluster, mount the Secret and pass ``--cert-dir /certs``.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from gpu_admission.server.logs import LEVELS, make_logger, route_library_logs_to
 from gpu_admission.server.run import serve_until_signal
 
 DEFAULT_CERT_DIR = Path("certs")
+#: the decision log of a local ``serve`` (outside a pod) when --audit-log is not given
+DEFAULT_DECISION_LOG = Path("gpu-admission-decisions.jsonl")
+AUDIT_LOG_OFF = "off"
 
 _file = click.Path(dir_okay=False, path_type=Path)
 
@@ -47,8 +51,10 @@ _file = click.Path(dir_okay=False, path_type=Path)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=DEFAULT_METRICS_PORT,
               show_default=True, help="Plain-HTTP port for /metrics, /healthz, /readyz; "
               "0 disables it.")
-@click.option("--audit-log", default=None, metavar="FILE|-",
-              help="Append one JSON decision record per decision to FILE, or stdout with -.")
+@click.option("--audit-log", default=None, metavar="FILE|-|off",
+              help="Append one JSON decision record per decision to FILE, to stdout with -, "
+              f"nowhere with {AUDIT_LOG_OFF}. Default: - in a pod, else "
+              f"./{DEFAULT_DECISION_LOG} (named in the first log line).")
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=DEFAULT_MAX_IN_FLIGHT,
               show_default=True,
               help="Reviews still receiving their body before answering 429 (complete "
@@ -87,23 +93,32 @@ def serve(  # noqa: PLR0917 (click passes every option)
         raise click.UsageError("--tls-cert and --tls-key go together")
     if tls_cert is not None and cert_dir is not None:
         raise click.UsageError("use either --tls-cert/--tls-key or --cert-dir, not both")
+    # every line the server writes is a JSON log line (or a decision record with
+    # --audit-log -), so `gpu-admission audit` reads its mixed output without a bad line
+    logger = make_logger(log_level)
     if tls_cert is not None and tls_key is not None:
         cert_file, key_file = tls_cert, tls_key
     elif cert_dir is not None:
         cert_file, key_file = cert_dir / CERT_FILE, cert_dir / KEY_FILE
     else:
-        if ensure_dev_certs(DEFAULT_CERT_DIR):
-            click.echo(f"generated a development CA and serving certificate in "
-                       f"{DEFAULT_CERT_DIR.resolve()}/; CA bundle: "
-                       f"{(DEFAULT_CERT_DIR / CA_FILE).resolve()}", err=True)
-        else:
-            click.echo(f"using {DEFAULT_CERT_DIR.resolve()}/{CERT_FILE}; CA bundle: "
-                       f"{(DEFAULT_CERT_DIR / CA_FILE).resolve()}", err=True)
+        created = ensure_dev_certs(DEFAULT_CERT_DIR)
+        ca_bundle = (DEFAULT_CERT_DIR / CA_FILE).resolve()
+        did = "generated a development CA and serving certificate in" if created else "using"
+        logger.info("development_certificates",
+                    message=f"{did} {DEFAULT_CERT_DIR.resolve()}/; CA bundle: {ca_bundle}")
         cert_file, key_file = DEFAULT_CERT_DIR / CERT_FILE, DEFAULT_CERT_DIR / KEY_FILE
     for path, what in ((cert_file, "certificate"), (key_file, "private key")):
         if not path.is_file():
             raise click.UsageError(f"no TLS {what} at {path}; create one with "
                                    f"`gpu-admission certs generate --out {path.parent}`")
+    if audit_log is None:
+        audit_log = "-" if os.environ.get("KUBERNETES_SERVICE_HOST") else \
+            str(DEFAULT_DECISION_LOG.resolve())
+        logger.info("decision_log", path=audit_log,
+                    message=f"decision records go to {audit_log} (gpu-admission audit "
+                    f"summary {audit_log}); --audit-log FILE|-|off to change")
+    elif audit_log == AUDIT_LOG_OFF:
+        audit_log = None
     extra = {"instance": instance} if instance else {}
     config = ServerConfig(
         cert_file=cert_file, key_file=key_file, policy_path=policy_path, audit_log=audit_log,
@@ -112,7 +127,6 @@ def serve(  # noqa: PLR0917 (click passes every option)
         reload_interval_seconds=reload_interval, shutdown_delay_seconds=shutdown_delay,
         drain_timeout_seconds=drain_timeout, dra_source=dra_source,
         **extra)  # type: ignore[arg-type]
-    logger = make_logger(log_level)
     route_library_logs_to_stderr(log_level)
     try:
         app = create_app(config, logger=logger)

@@ -53,7 +53,7 @@ def test_summary_json_exact_for_one_namespace_over_rotated_and_gzipped_files() -
     got = as_json(run("summary", "-o", "json", "-n", "team-b", ROTATED))
     assert got == {
         "filter": "namespace in {team-b}",
-        "input": {"files": 3, "lines": 11, "records": 11, "eventsSkipped": 0,
+        "input": {"files": 3, "lines": 11, "records": 11, "eventsSkipped": 0, "logLines": 0,
                   "badLines": 0, "badSamples": []},
         "total": 4, "dryRun": 1, "first": "2026-11-28T10:00:00Z",
         "last": "2026-11-30T13:00:00Z",
