@@ -54,7 +54,7 @@ FLOORS: Final[tuple[tuple[str, str, tuple[str, ...]], ...]] = (
         "server", "server.wire", "server.config", "server.tls", "server.logs", "server.metrics",
         "server.reload")),
     ("faces", "what a user or the cluster runs: commands, servers, controllers", (
-        "__main__", "cli", "evaluate_cli", "install_certs", "reserve",
+        "__main__", "cli", "cli_options", "evaluate_cli", "install_certs", "reserve",
         "server.app", "server.run", "server.cli", "extender", "extender.app", "extender.cli",
         "compile.cli", "report.cli", "reclaim.controller", "reclaim.cli", "images.cli",
         "auditlog.cli")),

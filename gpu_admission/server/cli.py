@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from gpu_admission.certs import CA_FILE, CERT_FILE, KEY_FILE, ensure_dev_certs
+from gpu_admission.cli_options import kubeconfig_option
 from gpu_admission.dra.model import DraSourceError
 from gpu_admission.policy.model import PolicyError
 from gpu_admission.server.app import create_app
@@ -36,7 +37,7 @@ AUDIT_LOG_OFF = "off"
 _file = click.Path(dir_okay=False, path_type=Path)
 
 
-@click.command(name="serve")
+@click.command(name="serve", short_help="Serve the admission webhook over HTTPS.")
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False, exists=True,
               path_type=Path), help="GPUSharingPolicy YAML file (reloaded when it changes). "
               "Default: the built-in policy.")
@@ -75,11 +76,11 @@ _file = click.Path(dir_okay=False, path_type=Path)
               show_default=True, help="Seconds between checks of the cert/key/policy files.")
 @click.option("--instance", default=None, help="Name recorded in decision records. "
               "Default: the host name (the Pod name in Kubernetes).")
-@click.option("--dra-watch", "dra_source", default=None, metavar="in-cluster|KUBECONFIG",
-              help="Keep a watch-backed cache of DeviceClasses, ResourceClaimTemplates, "
-              "ResourceClaims and pods to judge DRA GPU pods (docs/dra.md): 'in-cluster' "
-              "(the pod's ServiceAccount) or a kubeconfig file. Default: no cache, DRA "
-              "references are reported as unknown.")
+@kubeconfig_option("--dra-watch",
+                   help="Watch the cluster (read only): DeviceClasses, ResourceClaimTemplates, "
+                   "ResourceClaims and pods to judge DRA GPU pods (docs/dra.md), through a "
+                   "kubeconfig file or in-cluster (the pod's ServiceAccount). Default: no "
+                   "watch, DRA references are reported as unknown.")
 @click.option("--log-level", type=click.Choice(LEVELS), default="info", show_default=True)
 def serve(  # noqa: PLR0917 (click passes every option)
           policy_path: Path | None, tls_cert: Path | None, tls_key: Path | None,
@@ -87,7 +88,7 @@ def serve(  # noqa: PLR0917 (click passes every option)
           audit_log: str | None, max_in_flight: int, max_body_bytes: int,
           shutdown_delay: float, drain_timeout: float, read_timeout: float,
           idle_timeout: float, reload_interval: float, instance: str | None,
-          dra_source: str | None, log_level: str) -> None:
+          kubeconfig: str | None, log_level: str) -> None:
     """Serve the admission webhook over HTTPS until SIGTERM/SIGINT."""
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("--tls-cert and --tls-key go together")
@@ -125,7 +126,7 @@ def serve(  # noqa: PLR0917 (click passes every option)
         max_body_bytes=max_body_bytes, max_in_flight=max_in_flight,
         read_timeout_seconds=read_timeout, idle_timeout_seconds=idle_timeout,
         reload_interval_seconds=reload_interval, shutdown_delay_seconds=shutdown_delay,
-        drain_timeout_seconds=drain_timeout, dra_source=dra_source,
+        drain_timeout_seconds=drain_timeout, dra_source=kubeconfig,
         **extra)  # type: ignore[arg-type]
     route_library_logs_to_stderr(log_level)
     try:
@@ -133,7 +134,7 @@ def serve(  # noqa: PLR0917 (click passes every option)
     except PolicyError as exc:
         raise click.ClickException(f"invalid policy {policy_path}: {exc}") from None
     except DraSourceError as exc:
-        raise click.ClickException(f"--dra-watch: {exc}") from None
+        raise click.ClickException(f"--kubeconfig: {exc}") from None
     except (ssl.SSLError, OSError, ValueError) as exc:
         raise click.ClickException(f"cannot load TLS pair {cert_file} / {key_file}: "
                                    f"{exc}") from None
