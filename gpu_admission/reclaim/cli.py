@@ -124,18 +124,19 @@ def reclaim(ctx: click.Context, /, prometheus_url: str | None, policy_file: Path
                 click.echo(f"error: {controller.failing}; actions paused", err=True)
                 sys.exit(1)
             return
-        _loop(controller, interval_s, lease, metrics_port, policy_file)
+        _loop(controller, interval_s, lease, metrics_port, policy_file, now)
     finally:
         records.close()
         kube.close()
         prom.close()
 
 
-def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int,
-          policy_file: Path | None) -> None:
+def _loop(controller: Any, interval: int, lease: str | None,  # noqa: PLR0917
+          metrics_port: int, policy_file: Path | None, start: float | None) -> None:
     """Every ``interval``: re-read the policy (a ConfigMap mounted as a directory changes in
     place; an invalid one is logged and the last good one kept), then one interval while
-    leader; SIGTERM/SIGINT ends it."""
+    leader; SIGTERM/SIGINT ends it. ``start`` (``--now``): a replay clock that starts there
+    and runs at the wall clock's pace."""
     from gpu_admission.reclaim.lease import LeaseElector  # noqa: PLC0415
 
     stop = threading.Event()
@@ -152,6 +153,7 @@ def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int,
         renew.start()
     ready = threading.Event()
     server = _probes(controller, metrics_port, ready) if metrics_port else None
+    began = time.monotonic()
     try:
         while not stop.is_set():
             if policy_file is not None:
@@ -165,7 +167,8 @@ def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int,
             controller.metrics.leader.set(1 if leader else 0)
             if leader:
                 try:
-                    controller.run_once()
+                    controller.run_once(None if start is None else
+                                        start + time.monotonic() - began)
                 except Exception as exc:  # a bug must not end the loop
                     controller.pause(f"interval failed: {type(exc).__name__}: {exc}")
             ready.set()
