@@ -63,7 +63,7 @@ class _NoAliasDumper(yaml.SafeDumper):
 def offline_uid(name: str, index: int, pointer: str) -> str:
     """The request UID an offline evaluation uses (the API server sends a random UUID):
     stable per file, document and template, so the output is reproducible. It names a
-    fractional pod's ConfigMap (``gpu-admission-gpu-<uid>``, README "Fractional GPUs")."""
+    fractional pod's ConfigMap (``gpu-admission-gpu-<uid>``, docs/fractional.md)."""
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-admission-evaluate:{name}#{index}{pointer}"))
 
 
