@@ -205,7 +205,8 @@ def _webhook(name: str, path: str, rule: dict[str, Any], *, reinvoke: bool) -> d
               help="With --guard: compare the guard objects installed in the cluster with "
                    "this policy's (names and gpu-admission.io/guard-digest); exit 1 on drift.")
 @click.option("--kubeconfig", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="With --check: kubeconfig (default: in-cluster, then $KUBECONFIG).")
+              help="With --check: kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                   "then in-cluster).")
 @click.option("--context", default=None, help="With --check: kubeconfig context.")
 def compile_command(*, policy_path: Path | None, output: str, partial: bool, guard: bool,
                     helm_template: bool, check: bool, kubeconfig: Path | None,

@@ -194,3 +194,18 @@ def test_the_chart_and_the_base_agree_on_the_table() -> None:
     base, chart = rendered("kustomize"), rendered("helm")
     for row in readme_rows():
         assert access_of(row.account, base) == access_of(row.account, chart), row.runs
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """Under 250 lines; the two commands first (Python 3.11+, a virtual environment); Helm
+    before kustomize; every page of docs/ in its map."""
+    text = README.read_text()
+    assert len(text.splitlines()) < 250
+    assert text.index("python3 -m venv .venv && . .venv/bin/activate") < text.index(
+        "gpu-admission serve") < text.index("python3 -m pytest") < text.index(
+        "## Install on a cluster")
+    assert "Python 3.11 or newer" in text
+    assert text.index("**With Helm**") < text.index("**With kustomize**")
+    pages = {p.name for p in (README.parent / "docs").glob("*.md")}
+    mapped = set(re.findall(r"\| \[docs/([a-z-]+\.md)\]", text.split("## Documentation")[1]))
+    assert mapped == pages
