@@ -115,6 +115,14 @@ def serve(  # noqa: PLR0917 (click passes every option)
     if audit_log is None:
         audit_log = "-" if os.environ.get("KUBERNETES_SERVICE_HOST") else \
             str(DEFAULT_DECISION_LOG.resolve())
+        if audit_log != "-":  # created now, so it can be read at once and a bad cwd shows
+            try:
+                with Path(audit_log).open("ab"):
+                    pass
+            except OSError as exc:
+                raise click.ClickException(
+                    f"cannot write the default decision log {audit_log}: {exc.strerror}; "
+                    "pass --audit-log FILE, - (stdout) or off") from None
         logger.info("decision_log", path=audit_log,
                     message=f"decision records go to {audit_log} (gpu-admission audit "
                     f"summary {audit_log}); --audit-log FILE|-|off to change")

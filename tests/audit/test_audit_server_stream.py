@@ -178,6 +178,7 @@ def test_serve_writes_a_decision_log_by_default(tmp_path: Path, in_pod: bool,
     default = workdir / "gpu-admission-decisions.jsonl"
     if expected == "file":
         assert named["path"] == str(default)
+        assert default.stat().st_size > 0
         assert logged.index(named) < 3  # among the first lines, before any review
         assert summary(str(default))["total"] == len(REVIEWS)
         assert not any("schemaVersion" in line for line in logged)
@@ -185,3 +186,16 @@ def test_serve_writes_a_decision_log_by_default(tmp_path: Path, in_pod: bool,
         assert named["path"] == "-"
         assert not default.exists()
         assert sum("schemaVersion" in line for line in logged) == len(REVIEWS)
+
+
+def test_an_unwritable_default_decision_log_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "gpu-admission-decisions.jsonl").mkdir()  # the default path is taken
+    env = {k: v for k, v in subprocess_env().items() if k != "KUBERNETES_SERVICE_HOST"}
+    done = subprocess.run([sys.executable, "-m", "gpu_admission", "serve", "--port", "0",
+                           "--metrics-port", "0"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"Error: cannot write the default decision log {tmp_path}/gpu-admission-decisions.jsonl"
+        ": Is a directory; pass --audit-log FILE, - (stdout) or off")
