@@ -112,17 +112,10 @@ def serve(  # noqa: PLR0917 (click passes every option)
         if not path.is_file():
             raise click.UsageError(f"no TLS {what} at {path}; create one with "
                                    f"`gpu-admission certs generate --out {path.parent}`")
+    defaulted = audit_log is None
     if audit_log is None:
         audit_log = "-" if os.environ.get("KUBERNETES_SERVICE_HOST") else \
             str(DEFAULT_DECISION_LOG.resolve())
-        if audit_log != "-":  # created now, so it can be read at once and a bad cwd shows
-            try:
-                with Path(audit_log).open("ab"):
-                    pass
-            except OSError as exc:
-                raise click.ClickException(
-                    f"cannot write the default decision log {audit_log}: {exc.strerror}; "
-                    "pass --audit-log FILE, - (stdout) or off") from None
         logger.info("decision_log", path=audit_log,
                     message=f"decision records go to {audit_log} (gpu-admission audit "
                     f"summary {audit_log}); --audit-log FILE|-|off to change")
@@ -146,6 +139,14 @@ def serve(  # noqa: PLR0917 (click passes every option)
     except (ssl.SSLError, OSError, ValueError) as exc:
         raise click.ClickException(f"cannot load TLS pair {cert_file} / {key_file}: "
                                    f"{exc}") from None
+    if defaulted and audit_log not in (None, "-"):
+        try:  # created now, so it can be read at once and an unwritable cwd shows
+            with Path(audit_log).open("ab"):
+                pass
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot write the default decision log {audit_log}: {exc.strerror}; "
+                "pass --audit-log FILE, - (stdout) or off") from None
     try:
         asyncio.run(serve_until_signal(app, host=host, port=port,
                                        metrics_port=metrics_port or None))

@@ -17,9 +17,9 @@ from tests.kube_api_support import api_in_thread, write_kubeconfig
 from tests.server_support import free_port, new_bundle
 
 
-def gpu_admission(*args: str) -> subprocess.CompletedProcess[str]:
+def gpu_admission(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpu_admission", *args], capture_output=True,
-                          text=True, timeout=60, check=False)
+                          text=True, timeout=60, check=False, cwd=cwd)
 
 
 def test_evaluate_reads_dra_objects_from_the_cluster(tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ def test_bad_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
            f"Invalid kube-config file. No configuration found.")
     write_bundle(new_bundle(), tmp_path / "certs")
     proc = gpu_admission("serve", "--cert-dir", str(tmp_path / "certs"), "--kubeconfig",
-                         str(missing))
+                         str(missing), cwd=tmp_path)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert proc.stderr.splitlines()[-1] == (
