@@ -22,7 +22,7 @@ Filter replies mirror the request form (``pkg/scheduler/extender.go`` ``Filter``
 The filter and prioritize handlers do no I/O: they read the snapshot the background poller
 (:mod:`gpu_admission.extender.gpustate`) last stored and, for fractional pods, the GPU ledger
 the watch keeps (:mod:`gpu_admission.extender.binder`). ``POST <prefix>/bind`` (configured
-with ``--kube``) takes ``ExtenderBindingArgs`` (``PodName``, ``PodNamespace``, ``PodUID``,
+with ``--kubeconfig``) takes ``ExtenderBindingArgs`` (``PodName``, ``PodNamespace``, ``PodUID``,
 ``Node``) and answers ``ExtenderBindingResult`` (``Error``: "" when bound); its API calls run
 in threads.
 """
@@ -412,8 +412,8 @@ async def _bind(state: ExtenderState, body: bytes) -> web.Response:
     except ArgsError as exc:
         return _error(400, str(exc))
     if state.binder is None:
-        error = ("gpu-admission extender: the bind verb needs --kube (a kubeconfig or "
-                 "in-cluster) and --namespace; not bound")
+        error = ("gpu-admission extender: the bind verb needs --kubeconfig (a kubeconfig "
+                 "or in-cluster) and --namespace; not bound")
     else:
         try:
             error = await state.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid,
