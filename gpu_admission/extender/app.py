@@ -54,6 +54,8 @@ from gpu_admission.placement.fractional import (
     filter_fractional,
     fractional_error,
     fractional_share,
+    node_pool,
+    observe,
     score_fractional,
 )
 from gpu_admission.placement.gpus import Snapshot
@@ -384,6 +386,11 @@ def decide_fractional(state: ExtenderState, verb: str, args: ExtenderArgs,
     labels = {name: ((kube_state.nodes.get(name) or {}).get("metadata") or {}).get("labels")
               or {} for name in args.names}
     if verb == "filter":
+        # learn the workload from the pods asked about (once per scheduling attempt)
+        pool = next((p for p in (node_pool(labels[n], state.policy) for n in args.names)
+                     if p is not None), None)
+        if pool is not None:
+            observe(share, pool.memory_mib)
         result = filter_fractional(share, args.names, views, labels, state.policy)
         if result.failed:
             state.metrics.filtered.inc(len(result.failed))

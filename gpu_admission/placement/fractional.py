@@ -23,18 +23,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
+
+from gpu_admission.placement.frag import (
+    MILLI,
+    OURS,
+    Nodes,
+    Ranking,
+    Shape,
+    Typical,
+    Workload,
+    rank,
+    typical_arrays,
+)
 from gpu_admission.placement.gpus import Snapshot
 from gpu_admission.placement.ledger import NodeView, is_fractional_pod, parse_mib
 from gpu_admission.placement.score import (
     FilterResult,
     round_half_away,
     target_load_packing,
-    to_extender_score,
 )
 from gpu_admission.policy.model import NodePool, Placement, Policy
 from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_MEMORY_ANNOTATION
 
 NEW_GPU: Final = ""  # Choice.gpu_id of a GPU to open
+#: The workload this process has been asked to place (one per extender: filter observes each
+#: fractional pod once per scheduling attempt), shared by filter, prioritize and bind so the
+#: card bind picks is the one the ranking promised. Re-read every :data:`REFRESH_EVERY` pods.
+LEARNED: Final = Workload()
+REFRESH_EVERY: Final = 64
 
 
 def fractional_share(pod: Mapping[str, Any]) -> int | None:
@@ -90,33 +107,97 @@ def gpu_score(free_mib: int, need_mib: int, card_mib: int, util: float | None, *
     return round_half_away((target_load_packing(util + share_percent, target) + tight) / 2)
 
 
+def card_milli(free_mib: int, card_mib: int) -> int:
+    """Free MiB of a card as milli-GPU, rounded down (a share never looks smaller)."""
+    return max(0, free_mib) * MILLI // card_mib
+
+
+def need_milli(mib: int, card_mib: int) -> int:
+    """MiB asked of a card as milli-GPU, rounded up (so the MiB always fit)."""
+    return -(-mib * MILLI // card_mib)
+
+
+@dataclass
+class Typicals:
+    """The learned workload's typical shapes as arrays, refreshed every
+    :data:`REFRESH_EVERY` observations (between refreshes the ranking is stable)."""
+
+    workload: Workload
+    typ: Typical | None = None
+    seen: int = -1
+
+    def get(self) -> Typical:
+        if self.typ is None or self.workload.seen - self.seen >= REFRESH_EVERY:
+            # one model column: a fractional pool's share is a fraction of any card
+            self.typ = typical_arrays(self.workload.typical(), [""], OURS)
+            self.seen = self.workload.seen
+        return self.typ
+
+
+TYPICALS: Final = Typicals(LEARNED)
+
+
+def node_state(views: list[NodeView], card_mib: list[int]) -> tuple[Nodes, list[list[str]]]:
+    """The ledger's nodes as arrays (milli-GPU per card: open GPUs, then whole GPUs still
+    free to open) and each card's GPU id. CPU and memory are not on the ledger: unlimited
+    here (the simulator counts them; docs/extender.md, Limits)."""
+    gpus: list[list[int]] = []
+    ids: list[list[str]] = []
+    for view, card in zip(views, card_mib, strict=True):
+        gpus.append([card_milli(card - g.used_mib, card) for g in view.open]
+                    + [MILLI] * view.free_whole)
+        ids.append([g.gpu_id for g in view.open] + [NEW_GPU] * view.free_whole)
+    big = 2**40
+    return Nodes.build([v.name for v in views], [""] * len(views), [big] * len(views),
+                       [big] * len(views), gpus), ids
+
+
+def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
+                    placement: Placement, typical: Typical | None = None) -> Ranking:
+    """Every node of ``views`` the share fits, with the card and the fragmentation it adds
+    (:func:`gpu_admission.placement.frag.rank`). Cards of different sizes: the pod's share
+    is converted per node, so nodes are ranked one card size at a time and merged."""
+    typ = typical if typical is not None else TYPICALS.get()
+    nodes, _ = node_state(views, card_mib)
+    sizes = sorted(set(card_mib))
+    parts: list[Ranking] = []
+    for size in sizes:
+        rows = np.array([i for i, c in enumerate(card_mib) if c == size], dtype=np.int64)
+        share = need_milli(share_mib, size)
+        head = need_milli(share_mib + placement.memory_headroom_mib, size) - share
+        if share > MILLI:
+            continue
+        parts.append(rank(nodes, Shape(0, 0, share, 1), typ, rows=rows, headroom_milli=head))
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return Ranking(empty, empty, np.zeros(0), empty, empty)
+    return Ranking(*(np.concatenate([getattr(p, f) for p in parts])
+                     for f in ("rows", "card", "delta", "gpu_left", "cpu_left")))
+
+
 def options(view: NodeView, card_mib: int, share_mib: int, placement: Placement,
-            util: Mapping[str, float] | None = None) -> list[Choice]:
-    """Every GPU of the node the pod fits on, best first."""
-    need = share_mib + placement.memory_headroom_mib
-    share_percent = 100 * share_mib / card_mib
-    target = placement.target_utilization_percent
-    out = []
-    for g in view.open:
-        free = card_mib - g.used_mib
-        if free >= need:
-            u = util.get(g.uuid) if util is not None and g.uuid else None
-            out.append(Choice(g.gpu_id, gpu_score(free, need, card_mib, u,
-                                                  share_percent=share_percent,
-                                                  target=target), free))
-    if view.free_whole > 0 and card_mib >= need:
-        out.append(Choice(NEW_GPU, gpu_score(card_mib, need, card_mib,
-                                             0.0 if util is not None else None,
-                                             share_percent=share_percent, target=target),
-                          card_mib))
-    out.sort(key=lambda c: (-c.score, c.gpu_id == NEW_GPU, c.gpu_id))
-    return out
+            util: Mapping[str, float] | None = None, *,
+            typical: Typical | None = None) -> list[Choice]:
+    """The GPU of the node the pod fits best on (the card that adds the least
+    fragmentation, :func:`rank_fractional`), or nothing. ``util`` is accepted for callers
+    of the DCGM-based rule it replaced and not used: fragmentation decides the card."""
+    del util
+    r = rank_fractional(share_mib, [view], [card_mib], placement, typical)
+    if len(r.rows) == 0:
+        return []
+    _, ids = node_state([view], [card_mib])
+    card = int(r.card[0])
+    gpu_id = ids[0][card]
+    free = card_mib - next((g.used_mib for g in view.open if g.gpu_id == gpu_id), 0)
+    return [Choice(gpu_id, max(0, 100 - round(float(r.delta[0]) / 10)), free)]
 
 
 def choose(view: NodeView, card_mib: int, share_mib: int, placement: Placement,
-           util: Mapping[str, float] | None = None) -> Choice | None:
-    """The GPU bind gives the pod on this node, or None when nothing fits."""
-    best = options(view, card_mib, share_mib, placement, util)
+           util: Mapping[str, float] | None = None, *,
+           typical: Typical | None = None) -> Choice | None:
+    """The GPU bind gives the pod on this node (the card the ranking chose there), or None
+    when nothing fits. ``typical``: the shapes to measure against (default: learned)."""
+    best = options(view, card_mib, share_mib, placement, util, typical=typical)
     return best[0] if best else None
 
 
@@ -144,35 +225,77 @@ def node_utilisation(snapshot: Snapshot | None, node: str) -> dict[str, float] |
     return {g.uuid: g.util_percent for g in gpus} if gpus else {}
 
 
-def filter_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
-                      labels: Mapping[str, Mapping[str, str]], policy: Policy) -> FilterResult:
-    """Nodes where some GPU fits (open or to open); the others with a reason."""
-    placement = policy.spec.placement
-    passed: list[str] = []
-    failed: dict[str, str] = {}
+def _pooled(names: list[str], views: Mapping[str, NodeView],
+            labels: Mapping[str, Mapping[str, str]], policy: Policy
+            ) -> tuple[list[str], list[NodeView], list[int], dict[str, str]]:
+    inside: list[str] = []
+    pooled: list[NodeView] = []
+    cards: list[int] = []
+    outside: dict[str, str] = {}
     for name in names:
         pool = node_pool(labels.get(name), policy)
         if pool is None:
-            failed[name] = ("not in a fractional node pool (no spec.nodePools[] with sharing: "
-                            "fractional whose nodeSelector matches the node's labels)")
+            outside[name] = ("not in a fractional node pool (no spec.nodePools[] with "
+                             "sharing: fractional whose nodeSelector matches the node's "
+                             "labels)")
             continue
-        view = views[name]
-        if options(view, pool.memory_mib, share_mib, placement):
-            passed.append(name)
+        inside.append(name)
+        pooled.append(views[name])
+        cards.append(pool.memory_mib)
+    return inside, pooled, cards, outside
+
+
+def filter_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
+                      labels: Mapping[str, Mapping[str, str]], policy: Policy) -> FilterResult:
+    """Nodes where some GPU fits (open or to open); the others with a reason. Every node
+    that fits passes: the ranking is prioritize's (scores spread so the best alone gets
+    10; docs/extender.md, Resolution)."""
+    placement = policy.spec.placement
+    inside, pooled, cards, failed = _pooled(names, views, labels, policy)
+    r = rank_fractional(share_mib, pooled, cards, placement)
+    fit = {inside[int(i)] for i in r.rows}
+    for name, view, card in zip(inside, pooled, cards, strict=True):
+        if name not in fit:
+            failed[name] = no_fit_reason(view, card, share_mib, placement)
+    return FilterResult([n for n in names if n in fit], failed)
+
+
+def spread(r: Ranking) -> dict[int, int]:
+    """Row -> 0..10: the nodes tied at the top of the ranking (same fragmentation added,
+    same GPU and CPU left) 10; the others 1..9 by where their fragmentation added falls
+    between the best and the worst (never 10, so with the shipped weight kube-scheduler's
+    own plugins cannot lift one of them over a best node)."""
+    if len(r.rows) == 0:
+        return {}
+    top = {int(r.rows[i]) for i in r.best()}
+    lo, hi = float(r.delta.min()), float(r.delta.max())
+    out = {}
+    for row, d in zip(r.rows.tolist(), r.delta.tolist(), strict=True):
+        if row in top:
+            out[row] = MAX_EXTENDER
         else:
-            failed[name] = no_fit_reason(view, pool.memory_mib, share_mib, placement)
-    return FilterResult(passed, failed)
+            frac = (hi - d) / (hi - lo) if hi > lo else 1.0
+            out[row] = 1 + int(frac * 8)  # 1..9
+    return out
+
+
+MAX_EXTENDER: Final = 10
 
 
 def score_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
                      labels: Mapping[str, Mapping[str, str]], policy: Policy, *,
                      snapshot: Snapshot | None) -> list[tuple[str, int]]:
-    """(node, 0..10): the score of the GPU bind would choose there; 0 where nothing fits."""
-    placement = policy.spec.placement
-    out = []
-    for name in names:
-        pool = node_pool(labels.get(name), policy)
-        best = (choose(views[name], pool.memory_mib, share_mib, placement,
-                       node_utilisation(snapshot, name)) if pool is not None else None)
-        out.append((name, to_extender_score(best.score) if best is not None else 0))
-    return out
+    """(node, 0..10) in request order: :func:`spread` of the ranking; 0 where nothing fits.
+    ``snapshot`` (DCGM) no longer changes the order: fragmentation decides."""
+    del snapshot
+    inside, pooled, cards, _ = _pooled(names, views, labels, policy)
+    r = rank_fractional(share_mib, pooled, cards, policy.spec.placement)
+    by_row = spread(r)
+    scores = {inside[row]: s for row, s in by_row.items()}
+    return [(name, scores.get(name, 0)) for name in names]
+
+
+def observe(share_mib: int, card_mib: int) -> None:
+    """Count a fractional pod in the learned workload (its share as milli-GPU of its pool's
+    card; CPU and memory are not on the ledger)."""
+    LEARNED.observe(Shape(0, 0, min(MILLI, need_milli(share_mib, card_mib)), 1))
