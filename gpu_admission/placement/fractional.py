@@ -51,7 +51,7 @@ NEW_GPU: Final = ""  # Choice.gpu_id of a GPU to open
 #: fractional pod once per scheduling attempt), shared by filter, prioritize and bind so the
 #: card bind picks is the one the ranking promised. Re-read every :data:`REFRESH_EVERY` pods.
 LEARNED: Final = Workload()
-REFRESH_EVERY: Final = 64
+REFRESH_EVERY: Final = 256
 
 
 def fractional_share(pod: Mapping[str, Any]) -> int | None:

@@ -89,7 +89,7 @@ class Workload:
 
     half_life: float = 2000.0  # observations
     coverage: float = 0.95
-    max_shapes: int = 24
+    max_shapes: int = 64
     prior: Sequence[tuple[Shape, float]] = PRIOR
     prior_pods: float = PRIOR_PODS
     counts: dict[Shape, float] = field(default_factory=dict)
@@ -216,24 +216,8 @@ class Nodes:
 def node_frag(nodes: Nodes, typ: Typical, rows: IntArray | None = None) -> FloatArray:
     """Fragmentation (milli-GPU, weighted by the shapes' popularity) of the given rows."""
     idx = np.arange(len(nodes.names)) if rows is None else rows
-    g = np.clip(nodes.gpu[idx], 0, None)  # (M, C)
-    total = g.sum(axis=1).astype(np.float64)  # (M,)
-    out = np.zeros(len(idx), dtype=np.float64)
-    if len(typ.weight) == 0:
-        return out
-    cpu, mem = nodes.cpu[idx], nodes.mem[idx]
-    model = nodes.model[idx]
-    for k in range(len(typ.weight)):
-        m = typ.milli[k]
-        if m == 0:  # a CPU-only shape (FGD measure only): every free GPU is a fragment
-            out += typ.weight[k] * total
-            continue
-        fits = g >= m
-        feasible = (typ.accepts[k][model] & (cpu >= typ.cpu[k]) & (mem >= typ.mem[k])
-                    & (fits.sum(axis=1) >= typ.count[k]))
-        partial = np.where(fits, 0, g).sum(axis=1)
-        out += typ.weight[k] * np.where(feasible, partial, total)
-    return out
+    frag: FloatArray = FragCache.build(nodes, typ).frag[idx]
+    return frag
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,11 +267,61 @@ def fits(nodes: Nodes, pod: Shape, headroom_milli: int = 0) -> tuple[BoolArray, 
     return ok, card
 
 
-def rank(nodes: Nodes, pod: Shape, typ: Typical, base: FloatArray | None = None, *,
+@dataclass
+class FragCache:
+    """Per shape and node: cards that can host the shape and free milli-GPU on the cards
+    that cannot (FGD's partial fragments), and each node's fragmentation. Built once per
+    typical-shape set (K x N x C), then one row per placement (:meth:`update`), so a
+    decision costs K x candidates, not K x nodes x cards."""
+
+    typ: Typical
+    count: IntArray  # (K, N)
+    partial: IntArray  # (K, N) milli-GPU
+    total: IntArray  # (N,) free milli-GPU
+    frag: FloatArray  # (N,)
+
+    @classmethod
+    def build(cls, nodes: Nodes, typ: Typical) -> FragCache:
+        n = len(nodes.names)
+        k = len(typ.weight)
+        c = cls(typ, np.zeros((k, n), dtype=np.int64), np.zeros((k, n), dtype=np.int64),
+                np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64))
+        c.update(nodes, np.arange(n))
+        return c
+
+    def update(self, nodes: Nodes, rows: IntArray) -> None:
+        g = np.clip(nodes.gpu[rows], 0, None)  # (M, C)
+        self.total[rows] = g.sum(axis=1)
+        fit = g[None, :, :] >= self.typ.milli[:, None, None]  # (K, M, C)
+        self.count[:, rows] = fit.sum(axis=2)
+        self.partial[:, rows] = np.where(fit, 0, g[None, :, :]).sum(axis=2)
+        ok = _node_ok(self.typ, nodes.model[rows], nodes.cpu[rows], nodes.mem[rows])
+        self.frag[rows] = _combine(self.typ, ok, self.count[:, rows], self.partial[:, rows],
+                                   self.total[rows])
+
+
+def _node_ok(typ: Typical, model: IntArray, cpu: IntArray, mem: IntArray) -> BoolArray:
+    """(K, M): shape k's GPU model, CPU and memory fit node state m (CPU-only shapes: never,
+    so the FGD measure counts every free GPU for them)."""
+    ok: BoolArray = (typ.accepts[:, model] & (cpu[None, :] >= typ.cpu[:, None])
+                     & (mem[None, :] >= typ.mem[:, None]) & (typ.milli[:, None] > 0))
+    return ok
+
+
+def _combine(typ: Typical, ok: BoolArray, count: IntArray, partial: IntArray,
+             total: IntArray) -> FloatArray:
+    """sum_k w_k * (partial_k if the node can host shape k else every free milli-GPU);
+    ``ok`` from :func:`_node_ok`, arrays (K, M) and (M,) for M node states."""
+    feasible = ok & (count >= typ.count[:, None])
+    frag: FloatArray = typ.weight @ np.where(feasible, partial, total[None, :])
+    return frag
+
+
+def rank(nodes: Nodes, pod: Shape, typ: Typical, cache: FragCache | None = None, *,
          rows: IntArray | None = None, headroom_milli: int = 0) -> Ranking:
     """Score every node (or ``rows``) the pod fits: the fragmentation added by placing it,
-    over the best card for a share pod. ``base`` = :func:`node_frag` of every node (a
-    caller that keeps it between decisions saves recomputing it)."""
+    over the best card for a share pod. ``cache``: a :class:`FragCache` of ``nodes`` for
+    ``typ`` kept up to date by the caller (built here when None)."""
     ok, card_ok = fits(nodes, pod, headroom_milli)
     if rows is not None:
         mask = np.zeros_like(ok)
@@ -297,74 +331,40 @@ def rank(nodes: Nodes, pod: Shape, typ: Typical, base: FloatArray | None = None,
     empty = np.zeros(0, dtype=np.int64)
     if len(cand) == 0:
         return Ranking(empty, empty, np.zeros(0), empty, empty)
-    before = base[cand] if base is not None else node_frag(nodes, typ, cand)
-    g = np.clip(nodes.gpu[cand], 0, None)
+    if cache is None or cache.typ is not typ:
+        cache = FragCache.build(nodes, typ)
+    before = cache.frag[cand]
     cpu = nodes.cpu[cand] - pod.cpu_milli
     mem = nodes.mem[cand] - pod.mem_mib
     model = nodes.model[cand]
-    total = g.sum(axis=1)
+    total = cache.total[cand]
+    count = cache.count[:, cand]
+    partial = cache.partial[:, cand]
     if pod.gpus > 0 and pod.gpu_milli < MILLI:
-        # every (node, card) pair the share fits on, in one flat batch
+        # every (node, card) pair the share fits on, in one flat batch: each shape's card
+        # count and partial sum corrected for the one card that changes
         ni, ci = np.nonzero(card_ok[cand])
-        gc = g[ni, ci]
+        gc = nodes.gpu[cand[ni], ci]
+        # cards of one node with the same free milli-GPU are the same choice: keep the first
+        _, first_of = np.unique(ni * (MILLI + 1) + gc, return_index=True)
+        ni, ci, gc = ni[first_of], ci[first_of], gc[first_of]
         after_c = gc - pod.gpu_milli
-        after = _frag_after_card(g, ni, gc=gc, after_c=after_c, cpu=cpu, mem=mem,
-                                 model=model, total_after=total[ni] - pod.gpu_milli, typ=typ)
+        m = typ.milli[:, None]
+        count_p = count[:, ni] - (gc >= m) + (after_c >= m)
+        partial_p = partial[:, ni] - np.where(gc < m, gc, 0) + np.where(after_c < m, after_c, 0)
+        total_p = total[ni] - pod.gpu_milli
+        after = _combine(typ, _node_ok(typ, model, cpu, mem)[:, ni], count_p, partial_p,
+                         total_p)
         delta_pair = after - before[ni]
         # best card per node: least delta, then tightest card, then lowest index
         order = np.lexsort((ci, after_c, np.round(delta_pair / EPS), ni))
         first = np.ones(len(order), dtype=bool)
         first[1:] = ni[order][1:] != ni[order][:-1]
         pick = order[first]
-        return Ranking(cand[ni[pick]], ci[pick], delta_pair[pick],
-                       total[ni[pick]] - pod.gpu_milli, cpu[ni[pick]])
-    if pod.gpus > 0:  # whole cards: the first free ones (which does not matter: all 1000)
-        whole = g >= MILLI
-        take = np.cumsum(whole, axis=1) <= pod.gpus
-        g2 = np.where(whole & take, g - MILLI, g)
-    else:
-        g2 = g
-    after = _frag_states(g2, cpu, mem, model, typ)
-    return Ranking(cand, np.full(len(cand), -1, dtype=np.int64), after - before,
-                   g2.sum(axis=1), cpu)
-
-
-def _frag_states(g: IntArray, cpu: IntArray, mem: IntArray, model: IntArray,
-                 typ: Typical) -> FloatArray:
-    """:func:`node_frag` of hypothetical states (g already clipped at 0)."""
-    total = g.sum(axis=1).astype(np.float64)
-    out = np.zeros(len(g), dtype=np.float64)
-    for k in range(len(typ.weight)):
-        m = typ.milli[k]
-        if m == 0:
-            out += typ.weight[k] * total
-            continue
-        fit = g >= m
-        feasible = (typ.accepts[k][model] & (cpu >= typ.cpu[k]) & (mem >= typ.mem[k])
-                    & (fit.sum(axis=1) >= typ.count[k]))
-        out += typ.weight[k] * np.where(feasible, np.where(fit, 0, g).sum(axis=1), total)
-    return out
-
-
-def _frag_after_card(g: IntArray, ni: IntArray, *, gc: IntArray, after_c: IntArray,
-                     cpu: IntArray, mem: IntArray, model: IntArray, total_after: IntArray,
-                     typ: Typical) -> FloatArray:
-    """Fragmentation after one card of node ``ni[j]`` drops from ``gc[j]`` to
-    ``after_c[j]`` (pod's CPU and memory already taken from ``cpu``/``mem``): per shape, the
-    node's card count and partial sum are computed once per node and corrected for that one
-    card, so the cost is nodes x cards + pairs, not pairs x cards."""
-    out = np.zeros(len(gc), dtype=np.float64)
-    tot = total_after.astype(np.float64)
-    for k in range(len(typ.weight)):
-        m = typ.milli[k]
-        if m == 0:
-            out += typ.weight[k] * tot
-            continue
-        fit = g >= m
-        count = fit.sum(axis=1)[ni] - (gc >= m) + (after_c >= m)
-        partial = (np.where(fit, 0, g).sum(axis=1)[ni] - np.where(gc < m, gc, 0)
-                   + np.where(after_c < m, after_c, 0))
-        node_ok = (typ.accepts[k][model] & (cpu >= typ.cpu[k]) & (mem >= typ.mem[k]))[ni]
-        feasible = node_ok & (count >= typ.count[k])
-        out += typ.weight[k] * np.where(feasible, partial, tot)
-    return out
+        return Ranking(cand[ni[pick]], ci[pick], delta_pair[pick], total_p[pick],
+                       cpu[ni[pick]])
+    if pod.gpus > 0:  # whole cards: full cards host every shape, so each shape loses them
+        count = count - pod.gpus
+        total = total - MILLI * pod.gpus
+    after = _combine(typ, _node_ok(typ, model, cpu, mem), count, partial, total)
+    return Ranking(cand, np.full(len(cand), -1, dtype=np.int64), after - before, total, cpu)

@@ -48,9 +48,9 @@ from gpu_admission.placement.frag import (
     FGD,
     MILLI,
     OURS,
+    FragCache,
     Nodes,
     Shape,
-    Typical,
     Workload,
     fits,
     fixed_workload,
@@ -66,7 +66,7 @@ MAX_SPEC_CPU: Final = 128000  # milli-CPU, the simulator's gpushareutils.MaxSpec
 MAX_SPEC_GPU: Final = 8000  # milli-GPU, gpushareutils.MaxSpecGpu
 #: shipped: the learned workload's typical shapes are re-read every this many observed pods
 #: (between refreshes only the changed node's fragmentation is recomputed)
-REFRESH_EVERY: Final = 64
+REFRESH_EVERY: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,48 +183,58 @@ def _sigmoid(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return out
 
 
-def fgd_policy(rng: np.random.Generator, shapes: Sequence[Shape]) -> Policy:
-    workload = fixed_workload(shapes)
-    cache: dict[str, Typical] = {}
+@dataclass
+class Fgd:
+    """FGD (see the module doc): the fragmentation cache kept row by row."""
 
-    def decide(cluster: Cluster, pod: Shape) -> Decision:
+    rng: np.random.Generator
+    shapes: Sequence[Shape]
+    cache: FragCache | None = None
+
+    def __call__(self, cluster: Cluster, pod: Shape) -> Decision:
         n = cluster.nodes
-        typ = cache.get("t")
-        if typ is None:
-            typ = cache["t"] = typical_arrays(workload.typical(), n.models, FGD)
-        r = rank(n, pod, typ)
+        if self.cache is None:
+            typ = typical_arrays(fixed_workload(self.shapes).typical(), n.models, FGD)
+            self.cache = FragCache.build(n, typ)
+        r = rank(n, pod, self.cache.typ, self.cache)
         if len(r.rows) == 0:
             return Decision(-1, -1)
         score = (_sigmoid(-r.delta / 1000) * 100).astype(np.int64)
-        i = _pick_max(score, rng)
+        i = _pick_max(score, self.rng)
         return Decision(int(r.rows[i]), int(r.card[i]))
-    return decide
+
+    def placed(self, cluster: Cluster, row: int) -> None:
+        if self.cache is not None:
+            self.cache.update(cluster.nodes, np.array([row]))
 
 
 @dataclass
 class Shipped:
     """The install's placement: the extender's ranking (learned workload, our measure), its
-    filter keeping only the best, kube-scheduler choosing among those."""
+    scores spread so only the best get 10, kube-scheduler choosing among those."""
 
     rng: np.random.Generator
     workload: Workload = field(default_factory=Workload)
-    _typ: Typical | None = None
+    cache: FragCache | None = None
     _seen_at: int = -1
 
-    def typical(self, nodes: Nodes) -> Typical:
-        if self._typ is None or self.workload.seen - self._seen_at >= REFRESH_EVERY:
-            self._typ = typical_arrays(self.workload.typical(), nodes.models, OURS)
-            self._seen_at = self.workload.seen
-        return self._typ
-
     def __call__(self, cluster: Cluster, pod: Shape) -> Decision:
+        n = cluster.nodes
         self.workload.observe(pod)  # the extender learns every pod it is asked about
-        r = rank(cluster.nodes, pod, self.typical(cluster.nodes))
+        if self.cache is None or self.workload.seen - self._seen_at >= REFRESH_EVERY:
+            self.cache = FragCache.build(n, typical_arrays(self.workload.typical(), n.models,
+                                                           OURS))
+            self._seen_at = self.workload.seen
+        r = rank(n, pod, self.cache.typ, self.cache)
         best = r.best()
         if len(best) == 0:
             return Decision(-1, -1)
         i = int(best[self.rng.integers(0, len(best))]) if len(best) > 1 else int(best[0])
         return Decision(int(r.rows[i]), int(r.card[i]))
+
+    def placed(self, cluster: Cluster, row: int) -> None:
+        if self.cache is not None:
+            self.cache.update(cluster.nodes, np.array([row]))
 
 
 def make_policy(name: str, seed: int, pods: Sequence[PodSpec]) -> Policy:
@@ -234,7 +244,7 @@ def make_policy(name: str, seed: int, pods: Sequence[PodSpec]) -> Policy:
     if name == "bestfit":
         return bestfit_policy(rng)
     if name == "fgd":
-        return fgd_policy(rng, [p.shape for p in pods])
+        return Fgd(rng, [p.shape for p in pods])
     if name == "shipped":
         return Shipped(rng)
     raise ValueError(f"unknown placement {name!r}; expected one of {', '.join(PLACEMENTS)}")
@@ -338,6 +348,9 @@ def simulate(nodes: Sequence[NodeSpec], pods: Sequence[PodSpec], *, placement: s
         if d.node >= 0:
             cluster.apply(d.node, d.card, shape)
             used += shape.total_milli
+            placed = getattr(policy, "placed", None)
+            if placed is not None:
+                placed(cluster, d.node)
         else:
             failed[pod.kind] += 1
         records.append((arrived, used))
