@@ -20,7 +20,7 @@ bind finds the GPU the scores promised):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -28,6 +28,8 @@ import numpy as np
 from gpu_admission.placement.frag import (
     MILLI,
     OURS,
+    FragCache,
+    IntArray,
     Nodes,
     Ranking,
     Shape,
@@ -152,27 +154,100 @@ def node_state(views: list[NodeView], card_mib: list[int]) -> tuple[Nodes, list[
                        [big] * len(views), gpus), ids
 
 
+@dataclass
+class Registry:
+    """Every node the extender has ranked, as frag arrays kept between requests: a row is
+    rebuilt only when the ledger hands out a new :class:`NodeView` for the node (the ledger
+    caches a node's view until something on it changes), and the fragmentation cache is
+    updated for those rows only. So a request over 1,213 nodes costs the ranking itself."""
+
+    index: dict[str, int] = field(default_factory=dict)
+    keys: list[tuple[NodeView, int]] = field(default_factory=list)
+    nodes: Nodes | None = None
+    cache: FragCache | None = None
+
+    def arrays(self, views: list[NodeView], cards: list[int], typ: Typical
+               ) -> tuple[Nodes, FragCache, IntArray]:
+        new = [v.name for v in views if v.name not in self.index]
+        width = max((len(v.open) + v.free_whole for v in views), default=1)
+        if new or self.nodes is None or width > self.nodes.gpu.shape[1]:
+            self._grow(views, cards, max(width, self.nodes.gpu.shape[1]
+                                         if self.nodes is not None else 1))
+        nodes = self.nodes
+        assert nodes is not None
+        changed = []
+        for view, card in zip(views, cards, strict=True):
+            row = self.index[view.name]
+            if self.keys[row][0] is not view or self.keys[row][1] != card:
+                self.keys[row] = (view, card)
+                gpus, _ = _cards(view, card)
+                nodes.gpu[row] = -1
+                nodes.gpu[row, :len(gpus)] = gpus
+                changed.append(row)
+        if self.cache is None or self.cache.typ is not typ:
+            self.cache = FragCache.build(nodes, typ)
+        elif changed:
+            self.cache.update(nodes, np.array(changed, dtype=np.int64))
+        rows = np.array([self.index[v.name] for v in views], dtype=np.int64)
+        return nodes, self.cache, rows
+
+    def _grow(self, views: list[NodeView], cards: list[int], width: int) -> None:
+        for v, c in zip(views, cards, strict=True):
+            if v.name not in self.index:
+                self.index[v.name] = len(self.keys)
+                self.keys.append((v, c))
+            else:
+                self.keys[self.index[v.name]] = (v, c)
+        names = list(self.index)
+        gpus = [_cards(*self.keys[i])[0] for i in range(len(names))]
+        big = 2**40  # CPU and memory: not on the ledger (unlimited here)
+        self.nodes = Nodes.build(names, [""] * len(names), [big] * len(names),
+                                 [big] * len(names), [g + [-1] * (width - len(g)) for g in gpus])
+        self.cache = None
+
+
+REGISTRY: Final = Registry()
+
+
+def _cards(view: NodeView, card_mib: int) -> tuple[list[int], list[str]]:
+    """A node's cards in milli-GPU (open GPUs, then whole GPUs free to open) and their ids."""
+    return ([card_milli(card_mib - g.used_mib, card_mib) for g in view.open]
+            + [MILLI] * view.free_whole,
+            [g.gpu_id for g in view.open] + [NEW_GPU] * view.free_whole)
+
+
 def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
                     placement: Placement, typical: Typical | None = None) -> Ranking:
     """Every node of ``views`` the share fits, with the card and the fragmentation it adds
-    (:func:`gpu_admission.placement.frag.rank`). Cards of different sizes: the pod's share
-    is converted per node, so nodes are ranked one card size at a time and merged."""
+    (:func:`gpu_admission.placement.frag.rank`); ``rows`` index ``views``. Cards of
+    different sizes: the pod's share is converted per node, so nodes are ranked one card
+    size at a time and merged."""
     typ = typical if typical is not None else TYPICALS.get()
-    nodes, _ = node_state(views, card_mib)
-    sizes = sorted(set(card_mib))
+    if typical is not None:  # a caller's own shapes: arrays of its own (tests)
+        nodes, ids = node_state(views, card_mib)
+        del ids
+        cache = FragCache.build(nodes, typ)
+        rows_of = np.arange(len(views), dtype=np.int64)
+    else:
+        nodes, cache, rows_of = REGISTRY.arrays(views, card_mib, typ)
+    position = {int(r): i for i, r in enumerate(rows_of.tolist())}
     parts: list[Ranking] = []
-    for size in sizes:
-        rows = np.array([i for i, c in enumerate(card_mib) if c == size], dtype=np.int64)
+    for size in sorted(set(card_mib)):
+        rows = np.array([rows_of[i] for i, c in enumerate(card_mib) if c == size],
+                        dtype=np.int64)
         share = need_milli(share_mib, size)
         head = need_milli(share_mib + placement.memory_headroom_mib, size) - share
         if share > MILLI:
             continue
-        parts.append(rank(nodes, Shape(0, 0, share, 1), typ, rows=rows, headroom_milli=head))
+        parts.append(rank(nodes, Shape(0, 0, share, 1), typ, cache, rows=rows,
+                          headroom_milli=head))
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
         return Ranking(empty, empty, np.zeros(0), empty, empty)
-    return Ranking(*(np.concatenate([getattr(p, f) for p in parts])
-                     for f in ("rows", "card", "delta", "gpu_left", "cpu_left")))
+    merged = Ranking(*(np.concatenate([getattr(p, f) for p in parts])
+                       for f in ("rows", "card", "delta", "gpu_left", "cpu_left")))
+    return Ranking(np.array([position[int(r)] for r in merged.rows], dtype=np.int64),
+                   merged.card, merged.delta, merged.gpu_left, merged.cpu_left)
 
 
 def options(view: NodeView, card_mib: int, share_mib: int, placement: Placement,
