@@ -77,11 +77,27 @@ def fractional_error(pod: Mapping[str, Any]) -> str:
     return ""
 
 
+_POOLS: dict[int, tuple[Mapping[str, str], Policy, NodePool | None]] = {}
+
+
 def node_pool(labels: Mapping[str, str] | None, policy: Policy) -> NodePool | None:
     """The fractional pool a node belongs to: every nodeSelector label of the pool on the
-    node (the first such pool in policy order)."""
+    node (the first such pool in policy order). Remembered per labels object and policy
+    (the watch replaces a node's labels object when they change), so a request over a
+    thousand nodes does not match every selector again."""
     if not labels:
         return None
+    hit = _POOLS.get(id(labels))
+    if hit is not None and hit[0] is labels and hit[1] is policy:
+        return hit[2]
+    pool = _match_pool(labels, policy)
+    if len(_POOLS) > 100_000:
+        _POOLS.clear()
+    _POOLS[id(labels)] = (labels, policy, pool)
+    return pool
+
+
+def _match_pool(labels: Mapping[str, str], policy: Policy) -> NodePool | None:
     for pool in policy.spec.node_pools:
         if pool.fractional and all(labels.get(k) == v for k, v in pool.node_selector.items()):
             return pool
@@ -168,30 +184,36 @@ class Registry:
 
     def arrays(self, views: list[NodeView], cards: list[int], typ: Typical
                ) -> tuple[Nodes, FragCache, IntArray]:
-        new = [v.name for v in views if v.name not in self.index]
-        width = max((len(v.open) + v.free_whole for v in views), default=1)
-        if new or self.nodes is None or width > self.nodes.gpu.shape[1]:
-            self._grow(views, cards, max(width, self.nodes.gpu.shape[1]
-                                         if self.nodes is not None else 1))
+        index, keys = self.index, self.keys
+        changed: list[tuple[int, list[int]]] = []
+        rebuild = self.nodes is None
+        width = self.nodes.gpu.shape[1] if self.nodes is not None else 1
+        for view, card in zip(views, cards, strict=True):
+            row = index.get(view.name)
+            if row is None:
+                rebuild = True
+                continue
+            key = keys[row]
+            if key[0] is not view or key[1] != card:
+                keys[row] = (view, card)
+                gpus, _ = _cards(view, card)
+                rebuild = rebuild or len(gpus) > width
+                changed.append((row, gpus))
+        if rebuild:
+            self._grow(views, cards)
         nodes = self.nodes
         assert nodes is not None
-        changed = []
-        for view, card in zip(views, cards, strict=True):
-            row = self.index[view.name]
-            if self.keys[row][0] is not view or self.keys[row][1] != card:
-                self.keys[row] = (view, card)
-                gpus, _ = _cards(view, card)
-                nodes.gpu[row] = -1
-                nodes.gpu[row, :len(gpus)] = gpus
-                changed.append(row)
+        for row, gpus in changed:
+            nodes.gpu[row] = -1
+            nodes.gpu[row, :len(gpus)] = gpus
         if self.cache is None or self.cache.typ is not typ:
             self.cache = FragCache.build(nodes, typ)
         elif changed:
-            self.cache.update(nodes, np.array(changed, dtype=np.int64))
-        rows = np.array([self.index[v.name] for v in views], dtype=np.int64)
+            self.cache.update(nodes, np.array([r for r, _ in changed], dtype=np.int64))
+        rows = np.array([index[v.name] for v in views], dtype=np.int64)
         return nodes, self.cache, rows
 
-    def _grow(self, views: list[NodeView], cards: list[int], width: int) -> None:
+    def _grow(self, views: list[NodeView], cards: list[int]) -> None:
         for v, c in zip(views, cards, strict=True):
             if v.name not in self.index:
                 self.index[v.name] = len(self.keys)
@@ -200,6 +222,7 @@ class Registry:
                 self.keys[self.index[v.name]] = (v, c)
         names = list(self.index)
         gpus = [_cards(*self.keys[i])[0] for i in range(len(names))]
+        width = max((len(g) for g in gpus), default=1) or 1
         big = 2**40  # CPU and memory: not on the ledger (unlimited here)
         self.nodes = Nodes.build(names, [""] * len(names), [big] * len(names),
                                  [big] * len(names), [g + [-1] * (width - len(g)) for g in gpus])
@@ -230,11 +253,12 @@ def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
         rows_of = np.arange(len(views), dtype=np.int64)
     else:
         nodes, cache, rows_of = REGISTRY.arrays(views, card_mib, typ)
-    position = {int(r): i for i, r in enumerate(rows_of.tolist())}
+    position = np.full(len(nodes.names), -1, dtype=np.int64)
+    position[rows_of] = np.arange(len(rows_of))
+    sizes = np.array(card_mib, dtype=np.int64)
     parts: list[Ranking] = []
-    for size in sorted(set(card_mib)):
-        rows = np.array([rows_of[i] for i, c in enumerate(card_mib) if c == size],
-                        dtype=np.int64)
+    for size in np.unique(sizes).tolist():
+        rows = rows_of[sizes == size]
         share = need_milli(share_mib, size)
         head = need_milli(share_mib + placement.memory_headroom_mib, size) - share
         if share > MILLI:
@@ -244,10 +268,11 @@ def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
         return Ranking(empty, empty, np.zeros(0), empty, empty)
-    merged = Ranking(*(np.concatenate([getattr(p, f) for p in parts])
-                       for f in ("rows", "card", "delta", "gpu_left", "cpu_left")))
-    return Ranking(np.array([position[int(r)] for r in merged.rows], dtype=np.int64),
-                   merged.card, merged.delta, merged.gpu_left, merged.cpu_left)
+    merged = parts[0] if len(parts) == 1 else Ranking(
+        *(np.concatenate([getattr(p, f) for p in parts])
+          for f in ("rows", "card", "delta", "gpu_left", "cpu_left")))
+    return Ranking(position[merged.rows], merged.card, merged.delta, merged.gpu_left,
+                   merged.cpu_left)
 
 
 def options(view: NodeView, card_mib: int, share_mib: int, placement: Placement,
@@ -342,16 +367,11 @@ def spread(r: Ranking) -> dict[int, int]:
     own plugins cannot lift one of them over a best node)."""
     if len(r.rows) == 0:
         return {}
-    top = {int(r.rows[i]) for i in r.best()}
     lo, hi = float(r.delta.min()), float(r.delta.max())
-    out = {}
-    for row, d in zip(r.rows.tolist(), r.delta.tolist(), strict=True):
-        if row in top:
-            out[row] = MAX_EXTENDER
-        else:
-            frac = (hi - d) / (hi - lo) if hi > lo else 1.0
-            out[row] = 1 + int(frac * 8)  # 1..9
-    return out
+    frac = (hi - r.delta) / (hi - lo) if hi > lo else np.ones(len(r.rows))
+    score = 1 + (frac * 8).astype(np.int64)  # 1..9
+    score[r.best()] = MAX_EXTENDER
+    return dict(zip(r.rows.tolist(), score.tolist(), strict=True))
 
 
 MAX_EXTENDER: Final = 10
