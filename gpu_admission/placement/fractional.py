@@ -1,20 +1,18 @@
 """Placement of fractional pods (``sharing: fractional`` pools). PURE: the ledger's
-:class:`~gpu_admission.placement.ledger.NodeView`, the pool, the placement settings and DCGM
-utilisation in; a GPU choice, a filter result or scores out. No I/O, no clock.
+:class:`~gpu_admission.placement.ledger.NodeView`, the pool and the placement settings in; a
+GPU choice, a filter result or scores out. No I/O, no clock.
 
 One rule serves filter, prioritize and bind (so the node kube-scheduler picks is one where
-bind finds the GPU the scores promised):
+bind finds the GPU the scores promised), and ``gpu-admission simulate`` runs it too:
 
 * a GPU **fits** when its free memory (the pool's ``memoryMiB``, the card, minus the shares
   given out) is at least the pod's share + ``memoryHeadroomMiB``; an open GPU (one with a
   reservation pod) or a GPU the node can still open (a whole ``nvidia.com/gpu`` free);
-* among fitting GPUs the best **score** wins (0..100): the mean of scheduler-plugins
-  TargetLoadPacking's curve at the GPU's DCGM SM utilisation + the pod's share of the card
-  (:func:`~gpu_admission.placement.score.target_load_packing`, towards
-  ``targetUtilizationPercent``) and a best fit on memory, ``100 x (1 - leftover / card)``
-  (the tightest fit leaves roomy GPUs for big pods; Alibaba gpushare's rule); 0 when the
-  predicted utilisation passes 100 % (it still fits, as a last resort). Without metrics for a
-  GPU the memory fit alone decides. Ties: an open GPU before a new one, then by id.
+* among the nodes and GPUs that fit, the one adding the least **fragmentation** against the
+  workload the extender has seen wins (:mod:`gpu_admission.placement.frag`: FGD's measure,
+  USENIX ATC '23, with memory counted and a learned workload); ties go to the tightest fit.
+  Prioritize gives the best nodes 10 and the others 1..9 (:func:`spread`); the shipped
+  weight makes one level outweigh every in-tree plugin (docs/extender.md, Resolution).
 """
 
 from __future__ import annotations
@@ -42,8 +40,6 @@ from gpu_admission.placement.gpus import Snapshot
 from gpu_admission.placement.ledger import NodeView, is_fractional_pod, parse_mib
 from gpu_admission.placement.score import (
     FilterResult,
-    round_half_away,
-    target_load_packing,
 )
 from gpu_admission.policy.model import NodePool, Placement, Policy
 from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_MEMORY_ANNOTATION
@@ -109,20 +105,6 @@ class Choice:
     gpu_id: str  # an open GPU's id (UUID or opening:<reservation>), or NEW_GPU
     score: int  # 0..100
     free_mib: int  # free before the pod, MiB
-
-
-def gpu_score(free_mib: int, need_mib: int, card_mib: int, util: float | None, *,
-              share_percent: float, target: int) -> int:
-    """0..100 for one GPU (MiB: free before the pod, share + headroom, the card; util: DCGM
-    SM %, None without metrics; share_percent: the pod's share of the card, %)."""
-    tight = 100 * (1 - (free_mib - need_mib) / card_mib) if card_mib > 0 else 0.0
-    if util is None:
-        return round_half_away(tight)
-    if util + share_percent > 100:
-        # predicted past the card's compute: TargetLoadPacking gives 0, and a tight memory
-        # fit must not win it back (the pod would slow every tenant of a saturated GPU)
-        return 0
-    return round_half_away((target_load_packing(util + share_percent, target) + tight) / 2)
 
 
 def card_milli(free_mib: int, card_mib: int) -> int:
@@ -315,14 +297,6 @@ def no_fit_reason(view: NodeView, card_mib: int, share_mib: int, placement: Plac
     return (f"{what}: {opened}; {view.free_whole} whole GPUs free to open "
             f"({view.allocatable_gpus} allocatable, {view.whole_pod_gpus} held by whole-GPU "
             f"pods, {view.reservations} by reservations)")
-
-
-def node_utilisation(snapshot: Snapshot | None, node: str) -> dict[str, float] | None:
-    """GPU UUID -> DCGM SM utilisation (%) of a node, None without fresh metrics."""
-    if snapshot is None:
-        return None
-    gpus = snapshot.nodes.get(node)
-    return {g.uuid: g.util_percent for g in gpus} if gpus else {}
 
 
 def _pooled(names: list[str], views: Mapping[str, NodeView],
