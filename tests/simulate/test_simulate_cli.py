@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 DATA = Path("/work/shared/data/openb")
 NODES = DATA / "openb_node_list_gpu_node.csv"
@@ -93,3 +94,64 @@ def test_small_trace_table_and_json(tmp_path: Path) -> None:
     table = run("--nodes", tmp_path / "nodes.csv", "--pods", tmp_path / "pods.csv",
                 "--tune", "0")
     assert "failed pods: cpu 0, share 1, 1-gpu 0, multi-gpu 0" in table.stdout
+
+
+def _k8s_node(name: str, gpus: int) -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "A100",
+                                                  "pool": "frac"}},
+            "status": {"allocatable": {"cpu": "16", "memory": "64Gi",
+                                       "nvidia.com/gpu": str(gpus)}}}
+
+
+def _k8s_pod(name: str, *, cpu: str = "2", gpu: int = 0, share_mib: int = 0
+             ) -> dict[str, object]:
+    limits = {"nvidia.com/gpu": str(gpu)} if gpu else {}
+    meta: dict[str, object] = {"name": name, "namespace": "ml"}
+    if share_mib:
+        meta["annotations"] = {"gpu-admission.io/gpu-memory": str(share_mib)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {
+                "requests": {"cpu": cpu, "memory": "4Gi"}, "limits": limits}}]}}
+
+
+POLICY = """apiVersion: gpu-admission.io/v1alpha1
+kind: GPUSharingPolicy
+spec:
+  nodePools:
+    - name: frac
+      nodeSelector: {pool: frac}
+      sharing: fractional
+      memoryMiB: 81920
+"""
+
+
+@pytest.mark.parametrize("pods, failed, arrived", [
+    ([_k8s_pod("a", share_mib=40960), _k8s_pod("b", share_mib=40960), _k8s_pod("c", gpu=1)],
+     {"cpu": 0, "share": 0, "1-gpu": 0, "multi-gpu": 0}, {"1-gpu": 1, "share": 2}),
+    ([_k8s_pod("a", gpu=2), _k8s_pod("b", gpu=1), _k8s_pod("c", cpu="20")],
+     {"cpu": 1, "share": 0, "1-gpu": 1, "multi-gpu": 0}, {"1-gpu": 1, "cpu": 1, "multi-gpu": 1}),
+], ids=["halves-pack-one-card", "no-room-left"])
+def test_k8s_objects(tmp_path: Path, pods: list[dict[str, object]], failed: dict[str, int],
+                     arrived: dict[str, int]) -> None:
+    # one node, 2 cards: two 40 GiB halves share one card, leaving the other whole
+    listed = {"apiVersion": "v1", "kind": "List", "items": [_k8s_node("n1", 2), *pods]}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(listed))
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    out = run("--nodes", tmp_path / "cluster.yaml", "--pods", tmp_path / "cluster.yaml",
+              "--policy", tmp_path / "policy.yaml", "--tune", "0", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["failed_pods"] == failed
+    assert r["arrived_pods"] == arrived
+    assert r["curve"]  # allocation recorded per pod
+
+
+def test_k8s_share_without_card_size_is_refused(tmp_path: Path) -> None:
+    listed = {"apiVersion": "v1", "kind": "List",
+              "items": [_k8s_node("n1", 2), _k8s_pod("a", share_mib=4096)]}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(listed))
+    out = run("--nodes", tmp_path / "cluster.yaml", "--pods", tmp_path / "cluster.yaml")
+    assert out.returncode == 2
+    assert ("Pod ml/a, field metadata.annotations[gpu-admission.io/gpu-memory]: a share in "
+            "MiB needs one card size") in out.stderr
