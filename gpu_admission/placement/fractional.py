@@ -164,8 +164,11 @@ class Registry:
     nodes: Nodes | None = None
     cache: FragCache | None = None
 
-    def arrays(self, views: list[NodeView], cards: list[int], typ: Typical
+    def arrays(self, views: list[NodeView], cards: list[int], typ: Typical,
+               resources: list[tuple[int, int] | None] | None = None
                ) -> tuple[Nodes, FragCache, IntArray]:
+        """The arrays for ``views`` (rows into them), up to date. ``resources``: each
+        node's free (milli-CPU, MiB), None to keep what the last request said (bind)."""
         index, keys = self.index, self.keys
         changed: list[tuple[int, list[int]]] = []
         rebuild = self.nodes is None
@@ -188,11 +191,21 @@ class Registry:
         for row, gpus in changed:
             nodes.gpu[row] = -1
             nodes.gpu[row, :len(gpus)] = gpus
+        rows = np.array([index[v.name] for v in views], dtype=np.int64)
+        dirty = {r for r, _ in changed}
+        if resources is not None:
+            cpu = np.array([r[0] if r is not None else UNLIMITED for r in resources],
+                           dtype=np.int64)
+            mem = np.array([r[1] if r is not None else UNLIMITED for r in resources],
+                           dtype=np.int64)
+            moved = rows[(nodes.cpu[rows] != cpu) | (nodes.mem[rows] != mem)]
+            nodes.cpu[rows] = cpu
+            nodes.mem[rows] = mem
+            dirty.update(moved.tolist())
         if self.cache is None or self.cache.typ is not typ:
             self.cache = FragCache.build(nodes, typ)
-        elif changed:
-            self.cache.update(nodes, np.array([r for r, _ in changed], dtype=np.int64))
-        rows = np.array([index[v.name] for v in views], dtype=np.int64)
+        elif dirty:
+            self.cache.update(nodes, np.array(sorted(dirty), dtype=np.int64))
         return nodes, self.cache, rows
 
     def _grow(self, views: list[NodeView], cards: list[int]) -> None:
@@ -205,13 +218,20 @@ class Registry:
         names = list(self.index)
         gpus = [_cards(*self.keys[i])[0] for i in range(len(names))]
         width = max((len(g) for g in gpus), default=1) or 1
-        big = 2**40  # CPU and memory: not on the ledger (unlimited here)
-        self.nodes = Nodes.build(names, [""] * len(names), [big] * len(names),
-                                 [big] * len(names), [g + [-1] * (width - len(g)) for g in gpus])
+        old = self.nodes
+        cpu = [UNLIMITED] * len(names)
+        mem = [UNLIMITED] * len(names)
+        if old is not None:  # keep what requests said about the nodes already known
+            for i, name in enumerate(old.names):
+                cpu[i], mem[i] = int(old.cpu[i]), int(old.mem[i])
+                assert names[i] == name
+        self.nodes = Nodes.build(names, [""] * len(names), cpu, mem,
+                                 [g + [-1] * (width - len(g)) for g in gpus])
         self.cache = None
 
 
 REGISTRY: Final = Registry()
+UNLIMITED: Final = 2**40  # CPU/memory of a node nothing is known about (milli-CPU, MiB)
 
 
 def _cards(view: NodeView, card_mib: int) -> tuple[list[int], list[str]]:
@@ -222,7 +242,9 @@ def _cards(view: NodeView, card_mib: int) -> tuple[list[int], list[str]]:
 
 
 def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
-                    placement: Placement, typical: Typical | None = None) -> Ranking:
+                    placement: Placement, typical: Typical | None = None, *,
+                    resources: list[tuple[int, int] | None] | None = None,
+                    pod: tuple[int, int] = (0, 0)) -> Ranking:
     """Every node of ``views`` the share fits, with the card and the fragmentation it adds
     (:func:`gpu_admission.placement.frag.rank`); ``rows`` index ``views``. Cards of
     different sizes: the pod's share is converted per node, so nodes are ranked one card
@@ -234,7 +256,7 @@ def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
         cache = FragCache.build(nodes, typ)
         rows_of = np.arange(len(views), dtype=np.int64)
     else:
-        nodes, cache, rows_of = REGISTRY.arrays(views, card_mib, typ)
+        nodes, cache, rows_of = REGISTRY.arrays(views, card_mib, typ, resources)
     position = np.full(len(nodes.names), -1, dtype=np.int64)
     position[rows_of] = np.arange(len(rows_of))
     sizes = np.array(card_mib, dtype=np.int64)
@@ -245,7 +267,7 @@ def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
         head = need_milli(share_mib + placement.memory_headroom_mib, size) - share
         if share > MILLI:
             continue
-        parts.append(rank(nodes, Shape(0, 0, share, 1), typ, cache, rows=rows,
+        parts.append(rank(nodes, Shape(pod[0], pod[1], share, 1), typ, cache, rows=rows,
                           headroom_milli=head))
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
@@ -320,13 +342,17 @@ def _pooled(names: list[str], views: Mapping[str, NodeView],
 
 
 def filter_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
-                      labels: Mapping[str, Mapping[str, str]], policy: Policy) -> FilterResult:
+                      labels: Mapping[str, Mapping[str, str]], policy: Policy, *,
+                      resources: Mapping[str, tuple[int, int] | None] | None = None,
+                      pod: tuple[int, int] = (0, 0)) -> FilterResult:
     """Nodes where some GPU fits (open or to open); the others with a reason. Every node
     that fits passes: the ranking is prioritize's (scores spread so the best alone gets
     10; docs/extender.md, Resolution)."""
     placement = policy.spec.placement
     inside, pooled, cards, failed = _pooled(names, views, labels, policy)
-    r = rank_fractional(share_mib, pooled, cards, placement)
+    r = rank_fractional(share_mib, pooled, cards, placement, pod=pod,
+                        resources=None if resources is None else
+                        [resources.get(n) for n in inside])
     fit = {inside[int(i)] for i in r.rows}
     for name, view, card in zip(inside, pooled, cards, strict=True):
         if name not in fit:
@@ -353,18 +379,22 @@ MAX_EXTENDER: Final = 10
 
 def score_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
                      labels: Mapping[str, Mapping[str, str]], policy: Policy, *,
-                     snapshot: Snapshot | None) -> list[tuple[str, int]]:
+                     snapshot: Snapshot | None,
+                     resources: Mapping[str, tuple[int, int] | None] | None = None,
+                     pod: tuple[int, int] = (0, 0)) -> list[tuple[str, int]]:
     """(node, 0..10) in request order: :func:`spread` of the ranking; 0 where nothing fits.
     ``snapshot`` (DCGM) no longer changes the order: fragmentation decides."""
     del snapshot
     inside, pooled, cards, _ = _pooled(names, views, labels, policy)
-    r = rank_fractional(share_mib, pooled, cards, policy.spec.placement)
+    r = rank_fractional(share_mib, pooled, cards, policy.spec.placement, pod=pod,
+                        resources=None if resources is None else
+                        [resources.get(n) for n in inside])
     by_row = spread(r)
     scores = {inside[row]: s for row, s in by_row.items()}
     return [(name, scores.get(name, 0)) for name in names]
 
 
-def observe(share_mib: int, card_mib: int) -> None:
-    """Count a fractional pod in the learned workload (its share as milli-GPU of its pool's
-    card; CPU and memory are not on the ledger)."""
-    LEARNED.observe(Shape(0, 0, min(MILLI, need_milli(share_mib, card_mib)), 1))
+def observe(share_mib: int, card_mib: int, pod: tuple[int, int] = (0, 0)) -> None:
+    """Count a fractional pod in the learned workload: its share as milli-GPU of its pool's
+    card, its (milli-CPU, MiB) requests."""
+    LEARNED.observe(Shape(pod[0], pod[1], min(MILLI, need_milli(share_mib, card_mib)), 1))

@@ -16,6 +16,7 @@ import orjson
 import pytest
 import yaml
 
+from gpu_admission.extender.app import STATE
 from gpu_admission.placement import fractional
 from gpu_admission.placement.frag import Nodes, Shape, rank
 from gpu_admission.vocab import (
@@ -382,9 +383,20 @@ async def test_filter_prioritize_bind_agree_with_simulate(tmp_path: Path) -> Non
     bind takes) is the simulator's on the same state: the ledger after three binds rebuilt
     as ``simulate``'s arrays (milli-GPU per card; 81920 MiB cards, 1024 MiB headroom)."""
     card = 81920  # MiB, the fractional pool's memoryMiB in the test policy
-    async with stack(tmp_path, frac_node("n1", gpus=2), frac_node("n2", gpus=2),
-                     frac_node("n3", gpus=1)) as s:
+    nodes_ = [frac_node("n1", gpus=2), frac_node("n2", gpus=2), frac_node("n3", gpus=1)]
+    for node in nodes_:
+        node["status"]["allocatable"].update({"cpu": "64", "memory": "256Gi"})
+    async with stack(tmp_path, *nodes_) as s:
+        # a CPU pod takes 62 of n2's 64 CPUs: n2 can no longer host the typical shapes
+        # (4-64 CPUs), so its free GPU counts as fragmented
+        cpu_hog = whole_pod("cpu-hog", "n2", gpus=0)
+        cpu_hog["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "62",
+                                                                      "memory": "8Gi"}}
+        s.create(cpu_hog)
         state = await s.start_extender()
+        requests = s.extenders[-1][0].app[STATE].requests
+        assert requests is not None
+        await until(lambda: requests.used.get("n2") == [62000, 8192], "requests seen")
         for name, mib, node in (("a", 60000, "n1"), ("b", 20000, "n2"), ("c", 40000, "n3")):
             pod, = s.create(frac_pod(name, mib))
             assert await s.post("bind", binding_args(pod, node)) == {"Error": ""}
@@ -398,7 +410,8 @@ async def test_filter_prioritize_bind_agree_with_simulate(tmp_path: Path) -> Non
         # the simulator's state: cards in milli-GPU, open GPUs first, then GPUs to open
         used = {"n1": [60000], "n2": [20000], "n3": [40000]}
         free_whole = {"n1": 1, "n2": 1, "n3": 0}
-        nodes = Nodes.build(names, [""] * 3, [2**40] * 3, [2**40] * 3,
+        nodes = Nodes.build(names, [""] * 3, [64000, 2000, 64000],
+                            [262144, 262144 - 8192, 262144],
                             [[(card - u) * 1000 // card for u in used[n]]
                              + [1000] * free_whole[n] for n in names])
         share = -(-16000 * 1000 // card)
