@@ -10,6 +10,7 @@ as the API server defaults it), in milli-CPU and MiB (rounded up).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ def _amount(value: Any, scale: int, divisor: int = 1) -> int:
     q = quantity_value(value)
     if q is None or q < 0:
         return 0
-    return int(-(-(q * scale) // divisor))
+    return math.ceil(q * scale / divisor)  # Decimal: // truncates, so ceil explicitly
 
 
 def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
