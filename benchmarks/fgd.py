@@ -31,7 +31,7 @@ def paper() -> dict[tuple[str, str], tuple[float, float]]:
     return out
 
 
-def extender_latency(pods: int = 300) -> None:
+def extender_latency(pods: int = 2000) -> None:
     """filter + prioritize of one fractional pod over the 1,213 openb nodes, as the extender
     runs them (:func:`filter_fractional`, :func:`score_fractional` on the ledger's views),
     with the ledger filled by binds between requests (each bind changes one node's view).
@@ -60,16 +60,21 @@ def extender_latency(pods: int = 300) -> None:
                          "status": {"allocatable": {"nvidia.com/gpu": str(n.gpus)}}})
         labels[n.name] = {"pool": "frac"}
     names = [n.name for n in specs]
+    free = {n.name: (n.cpu_milli, n.mem_mib) for n in specs}  # milli-CPU, MiB
     rng = np.random.default_rng(42)
     shares = [4096, 8192, 12288, 16384, 24576, 40960]
     times = []
     for i in range(pods):
         share = int(rng.choice(shares))
+        pod = (int(rng.choice([2000, 4000, 8000])), int(rng.choice([8192, 16384, 32768])))
         views = {name: ledger.view(name) for name in names}
         t0 = time.perf_counter()
-        observe(share, card)
-        passed = filter_fractional(share, names, views, labels, policy).passed
-        scores = score_fractional(share, passed, views, labels, policy, snapshot=None)
+        resources = dict(free)  # the extender builds this from its requests watch per call
+        observe(share, card, pod)
+        passed = filter_fractional(share, names, views, labels, policy, resources=resources,
+                                   pod=pod).passed
+        scores = score_fractional(share, passed, views, labels, policy, snapshot=None,
+                                  resources=resources, pod=pod)
         times.append(time.perf_counter() - t0)
         if not passed:
             continue
@@ -78,6 +83,7 @@ def extender_latency(pods: int = 300) -> None:
         assert choice is not None
         gpu = choice.gpu_id or ledger.open_gpu(f"r{i}", best)
         ledger.assume(Assignment("t", f"p{i}", f"u{i}", best, gpu, share))
+        free[best] = (free[best][0] - pod[0], free[best][1] - pod[1])
     ms = np.array(times) * 1000
     print(f"extender filter+prioritize over {len(names)} nodes, {pods} pods: p50 "
           f"{np.percentile(ms, 50):.2f} ms, p99 {np.percentile(ms, 99):.2f} ms, max "
