@@ -384,8 +384,8 @@ async def test_filter_prioritize_bind_agree_with_simulate(tmp_path: Path) -> Non
     as ``simulate``'s arrays (milli-GPU per card; 81920 MiB cards, 1024 MiB headroom)."""
     card = 81920  # MiB, the fractional pool's memoryMiB in the test policy
     nodes_ = [frac_node("n1", gpus=2), frac_node("n2", gpus=2), frac_node("n3", gpus=1)]
-    for node in nodes_:
-        node["status"]["allocatable"].update({"cpu": "64", "memory": "256Gi"})
+    for n in nodes_:
+        n["status"]["allocatable"].update({"cpu": "64", "memory": "256Gi"})
     async with stack(tmp_path, *nodes_) as s:
         # a CPU pod takes 62 of n2's 64 CPUs: n2 can no longer host the typical shapes
         # (4-64 CPUs), so its free GPU counts as fragmented
