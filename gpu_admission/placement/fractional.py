@@ -321,6 +321,13 @@ def no_fit_reason(view: NodeView, card_mib: int, share_mib: int, placement: Plac
             f"pods, {view.reservations} by reservations)")
 
 
+NOT_IN_POOL: Final = ("not in a fractional node pool (no spec.nodePools[] with sharing: "
+                      "fractional whose nodeSelector matches the node's labels)")
+#: node name -> (its labels object, the policy, its fractional pool): one dict lookup and two
+#: identity checks per node and request instead of matching every selector
+_BY_NAME: dict[str, tuple[Mapping[str, str] | None, Policy, NodePool | None]] = {}
+
+
 def _pooled(names: list[str], views: Mapping[str, NodeView],
             labels: Mapping[str, Mapping[str, str]], policy: Policy
             ) -> tuple[list[str], list[NodeView], list[int], dict[str, str]]:
@@ -328,12 +335,17 @@ def _pooled(names: list[str], views: Mapping[str, NodeView],
     pooled: list[NodeView] = []
     cards: list[int] = []
     outside: dict[str, str] = {}
+    cache = _BY_NAME
     for name in names:
-        pool = node_pool(labels.get(name), policy)
+        lab = labels.get(name)
+        hit = cache.get(name)
+        if hit is not None and hit[0] is lab and hit[1] is policy:
+            pool = hit[2]
+        else:
+            pool = node_pool(lab, policy)
+            cache[name] = (lab, policy, pool)
         if pool is None:
-            outside[name] = ("not in a fractional node pool (no spec.nodePools[] with "
-                             "sharing: fractional whose nodeSelector matches the node's "
-                             "labels)")
+            outside[name] = NOT_IN_POOL
             continue
         inside.append(name)
         pooled.append(views[name])
