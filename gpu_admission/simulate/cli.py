@@ -73,7 +73,8 @@ def load(nodes: str, pods: str, fmt: str, policy_path: str | None
     docs: list[Any] = read_documents(nodes)
     if pods != nodes:
         docs += read_documents(pods)
-    n, p = k8s_objects(docs, cards)
+    selectors = {p.name: p.node_selector for p in policy.spec.node_pools if p.fractional}
+    n, p = k8s_objects(docs, cards, selectors)
     return n, p, ("k8s objects: shares from gpu-admission.io/gpu-memory (MiB) over the "
                   "policy's fractional pool card size, whole GPUs from nvidia.com/gpu")
 

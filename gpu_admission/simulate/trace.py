@@ -146,19 +146,28 @@ def _name(obj: Mapping[str, Any]) -> str:
     return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
 
 
-def k8s_objects(objects: Iterable[Any], card_mib: Mapping[str, int]
+def k8s_objects(objects: Iterable[Any], card_mib: Mapping[str, int],
+                selectors: Mapping[str, Mapping[str, str]] | None = None
                 ) -> tuple[list[NodeSpec], list[PodSpec]]:
     """Nodes (allocatable cpu, memory, ``nvidia.com/gpu``; model from GFD's
     ``nvidia.com/gpu.product``) and pods (requests summed over app containers, max with init
     containers; ``gpu-admission.io/gpu-memory`` MiB -> milli-GPU of ``card_mib[model]``, or
     of the node label ``nvidia.com/gpu.memory``). Pods that are bound keep their order;
-    the protocol replays them all."""
+    the protocol replays them all. ``selectors``: fractional pool -> nodeSelector; a node a
+    pool selects must have GPUs."""
     nodes: list[NodeSpec] = []
     pods: list[tuple[str, Mapping[str, Any]]] = []
     for obj in _items(objects):
         kind = obj.get("kind")
         if kind == "Node":
-            nodes.append(_k8s_node(obj, card_mib))
+            node = _k8s_node(obj, card_mib)
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            for pool, sel in (selectors or {}).items():
+                if node.gpus == 0 and all(labels.get(k) == v for k, v in sel.items()):
+                    raise TraceError(f"Node {node.name}, field status.allocatable"
+                                     f"[{GPU_RESOURCE}]: the node is in fractional pool "
+                                     f"{pool} (nodeSelector {dict(sel)}) but has no GPUs")
+            nodes.append(node)
         elif kind == "Pod":
             pods.append((_name(obj), obj))
     if not nodes:

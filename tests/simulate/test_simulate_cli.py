@@ -155,3 +155,15 @@ def test_k8s_share_without_card_size_is_refused(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert ("Pod ml/a, field metadata.annotations[gpu-admission.io/gpu-memory]: a share in "
             "MiB needs one card size") in out.stderr
+
+
+def test_k8s_node_of_a_fractional_pool_without_gpus_is_refused(tmp_path: Path) -> None:
+    listed = {"apiVersion": "v1", "kind": "List",
+              "items": [_k8s_node("n1", 2), _k8s_node("n2", 0), _k8s_pod("a", gpu=1)]}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(listed))
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    out = run("--nodes", tmp_path / "cluster.yaml", "--pods", tmp_path / "cluster.yaml",
+              "--policy", tmp_path / "policy.yaml")
+    assert out.returncode == 2
+    assert ("Node n2, field status.allocatable[nvidia.com/gpu]: the node is in fractional "
+            "pool frac (nodeSelector {'pool': 'frac'}) but has no GPUs") in out.stderr
