@@ -54,6 +54,10 @@ class NodeRequests:
 
     pods: dict[tuple[str, str], tuple[str, int, int]] = field(default_factory=dict)
     used: dict[str, list[int]] = field(default_factory=dict)  # node -> [milli-CPU, MiB]
+    #: node name -> (the Node object, its allocatable (milli-CPU, MiB) or None): quantities
+    #: parsed once per Node object the watch delivers, not once per request
+    allocatable: dict[str, tuple[Mapping[str, Any], tuple[int, int] | None]] = field(
+        default_factory=dict)
 
     def set_pod(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}
@@ -90,10 +94,16 @@ class NodeRequests:
         without allocatable cpu and memory (unknown: the ranking counts it unlimited)."""
         if not node:
             return None
-        alloc = (node.get("status") or {}).get("allocatable") or {}
-        if "cpu" not in alloc or "memory" not in alloc:
-            return None
         name = str((node.get("metadata") or {}).get("name") or "")
-        used = self.used.get(name, [0, 0])
-        return (_amount(alloc.get("cpu", 0), 1000) - used[0],
-                int(_amount(alloc.get("memory", 0), 1) // MIB) - used[1])
+        hit = self.allocatable.get(name)
+        if hit is None or hit[0] is not node:
+            alloc = (node.get("status") or {}).get("allocatable") or {}
+            parsed = (None if "cpu" not in alloc or "memory" not in alloc else
+                      (_amount(alloc.get("cpu", 0), 1000),
+                       int(_amount(alloc.get("memory", 0), 1) // MIB)))
+            hit = self.allocatable[name] = (node, parsed)
+        if hit[1] is None:
+            return None
+        used = self.used.get(name)
+        return (hit[1][0], hit[1][1]) if used is None else (hit[1][0] - used[0],
+                                                            hit[1][1] - used[1])
