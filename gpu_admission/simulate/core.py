@@ -31,7 +31,13 @@ Placements:
   workload and the measure counting memory): the extender's filter keeps only the nodes tied
   at the top of its ranking, kube-scheduler picks among them (at random: they are equal for
   the measure, so its other scores cannot prefer one for a reason that matters here), bind
-  takes the ranking's card. CPU pods go the same way (the gpu-aware profile serves them).
+  takes the ranking's card. CPU pods on the ``gpu-aware-scheduler`` profile (the platform
+  team's documented ``schedulerName`` step), which scores them itself
+  (:func:`gpu_aware_profile`: kube-scheduler sends extenders only pods with GPU resources);
+* ``shipped-cpu-default``: the same, CPU pods on the default scheduler
+  (:func:`default_scheduler`): the install without that step;
+* ``shipped-cpu-ranked``: the same, CPU pods through the fragmentation ranking (the design
+  the extender does not serve yet).
 """
 
 from __future__ import annotations
@@ -59,8 +65,10 @@ from gpu_admission.placement.frag import (
 )
 from gpu_admission.simulate.trace import NodeSpec, PodSpec
 
-Placement = Literal["shipped", "fgd", "bestfit", "random"]
-PLACEMENTS: Final = ("shipped", "fgd", "bestfit", "random")
+Placement = Literal["shipped", "shipped-cpu-default", "shipped-cpu-ranked", "fgd", "bestfit",
+                    "random"]
+PLACEMENTS: Final = ("shipped", "shipped-cpu-default", "shipped-cpu-ranked", "fgd", "bestfit",
+                     "random")
 MAX_PERCENT: Final = 130
 MAX_SPEC_CPU: Final = 128000  # milli-CPU, the simulator's gpushareutils.MaxSpecCpu
 MAX_SPEC_GPU: Final = 8000  # milli-GPU, gpushareutils.MaxSpecGpu
@@ -107,13 +115,16 @@ class Cluster:
 
     nodes: Nodes
     capacity_milli: int
+    cpu_cap: np.ndarray[Any, Any]  # (N,) milli-CPU allocatable
+    mem_cap: np.ndarray[Any, Any]  # (N,) MiB allocatable
 
     @classmethod
     def build(cls, specs: Sequence[NodeSpec]) -> Cluster:
         nodes = Nodes.build([n.name for n in specs], [n.model for n in specs],
                             [n.cpu_milli for n in specs], [n.mem_mib for n in specs],
                             [[MILLI] * n.gpus for n in specs])
-        return cls(nodes, sum(n.gpus for n in specs) * MILLI)
+        return cls(nodes, sum(n.gpus for n in specs) * MILLI, nodes.cpu.copy(),
+                   nodes.mem.copy())
 
     def apply(self, row: int, card: int, pod: Shape) -> None:
         n = self.nodes
@@ -218,8 +229,17 @@ class Shipped:
     cache: FragCache | None = None
     _seen_at: int = -1
 
+    #: CPU pods: "profile" = the gpu-aware profile's own scores (kube-scheduler sends the
+    #: extender only pods with GPU resources), "default" = the default scheduler, "ranked" =
+    #: the fragmentation ranking (the design; the extender does not serve CPU pods yet)
+    cpu_pods: str = "profile"
+
     def __call__(self, cluster: Cluster, pod: Shape) -> Decision:
         n = cluster.nodes
+        if pod.gpus == 0 and self.cpu_pods == "default":
+            return default_scheduler(cluster, pod, self.rng)
+        if pod.gpus == 0 and self.cpu_pods == "profile":
+            return gpu_aware_profile(cluster, pod, self.rng)
         self.workload.observe(pod)  # the extender learns every pod it is asked about
         if self.cache is None or self.workload.seen - self._seen_at >= REFRESH_EVERY:
             self.cache = FragCache.build(n, typical_arrays(self.workload.typical(), n.models,
@@ -237,6 +257,50 @@ class Shipped:
             self.cache.update(cluster.nodes, np.array([row]))
 
 
+def default_scheduler(cluster: Cluster, pod: Shape, rng: np.random.Generator) -> Decision:
+    """kube-scheduler's default profile for a pod without GPUs, as far as the node's
+    resources decide: NodeResourcesFit ``LeastAllocated`` (cpu and memory, weight 1 each:
+    mean of ``(capacity - requested) x 100 / capacity``, integers) plus
+    NodeResourcesBalancedAllocation (``(1 - std of the cpu and memory fractions) x 100``),
+    ties at random (``selectHost``); the other default plugins score every node alike here."""
+    n = cluster.nodes
+    ok, _ = fits(n, pod)
+    cand = np.flatnonzero(ok)
+    if len(cand) == 0:
+        return Decision(-1, -1)
+    cap_c, cap_m = cluster.cpu_cap[cand], cluster.mem_cap[cand]
+    left_c = n.cpu[cand] - pod.cpu_milli
+    left_m = n.mem[cand] - pod.mem_mib
+    least = ((left_c * 100 // cap_c) + (left_m * 100 // cap_m)) // 2
+    frac_c = 1 - left_c / cap_c
+    frac_m = 1 - left_m / cap_m
+    balanced = ((1 - np.abs(frac_c - frac_m) / 2) * 100).astype(np.int64)
+    return Decision(int(cand[_pick_max(least + balanced, rng)]), -1)
+
+
+def gpu_aware_profile(cluster: Cluster, pod: Shape, rng: np.random.Generator) -> Decision:
+    """The shipped ``gpu-aware-scheduler`` profile for a pod without GPUs (no extender is
+    called for it): NodeResourcesFit ``MostAllocated`` over cpu (weight 1), memory (1) and
+    ``nvidia.com/gpu`` (5; the node's cards in use, a fractional card counted whole as its
+    reservation pod holds it): ``sum(w x requested x 100 / allocatable) / sum(w)``, integers,
+    ties at random. So CPU pods go to nodes whose GPUs are taken."""
+    n = cluster.nodes
+    ok, _ = fits(n, pod)
+    cand = np.flatnonzero(ok)
+    if len(cand) == 0:
+        return Decision(-1, -1)
+    cap_c, cap_m = cluster.cpu_cap[cand], cluster.mem_cap[cand]
+    used_c = cap_c - n.cpu[cand] + pod.cpu_milli
+    used_m = cap_m - n.mem[cand] + pod.mem_mib
+    g = n.gpu[cand]
+    cards = (g >= 0).sum(axis=1)
+    taken = ((g >= 0) & (g < MILLI)).sum(axis=1)
+    gpu = np.where(cards > 0, taken * 100 // np.maximum(cards, 1), 0)
+    weights = 1 + 1 + np.where(cards > 0, 5, 0)
+    score = (used_c * 100 // cap_c + used_m * 100 // cap_m + 5 * gpu) // weights
+    return Decision(int(cand[_pick_max(score, rng)]), -1)
+
+
 def make_policy(name: str, seed: int, pods: Sequence[PodSpec]) -> Policy:
     rng = np.random.Generator(np.random.PCG64(seed + 1_000_003))
     if name == "random":
@@ -247,6 +311,10 @@ def make_policy(name: str, seed: int, pods: Sequence[PodSpec]) -> Policy:
         return Fgd(rng, [p.shape for p in pods])
     if name == "shipped":
         return Shipped(rng)
+    if name == "shipped-cpu-default":
+        return Shipped(rng, cpu_pods="default")
+    if name == "shipped-cpu-ranked":
+        return Shipped(rng, cpu_pods="ranked")
     raise ValueError(f"unknown placement {name!r}; expected one of {', '.join(PLACEMENTS)}")
 
 
