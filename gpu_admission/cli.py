@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "compile": "gpu_admission.compile.cli:compile_command",
     "reclaim": "gpu_admission.reclaim.cli:reclaim",
     "reserve": "gpu_admission.reserve:reserve",
+    "simulate": "gpu_admission.simulate.cli:simulate_command",
 }
 
 

@@ -45,7 +45,7 @@ FLOORS: Final[tuple[tuple[str, str, tuple[str, ...]], ...]] = (
         "report.html",
         "reclaim", "reclaim.plan", "reclaim.names",
         "auditlog", "auditlog.entry", "auditlog.record", "auditlog.query", "auditlog.report",
-        "images", "images.scan")),
+        "images", "images.scan", "simulate", "simulate.trace", "simulate.core")),
     ("io", "talks to the world or speaks its wire format: API server, Prometheus, registries, "
      "files, TLS, logs, metrics", (
         "kube.*", "prom", "certs", "manifests", "report.query", "images.registry",
@@ -57,7 +57,7 @@ FLOORS: Final[tuple[tuple[str, str, tuple[str, ...]], ...]] = (
         "__main__", "cli", "cli_options", "evaluate_cli", "install_certs", "reserve",
         "server.app", "server.run", "server.cli", "extender", "extender.app", "extender.cli",
         "compile.cli", "report.cli", "reclaim.controller", "reclaim.cli", "images.cli",
-        "auditlog.cli")),
+        "auditlog.cli", "simulate.cli")),
 )
 
 #: Libraries that do I/O or run threads, event loops or servers: never below the io floor.

@@ -50,13 +50,17 @@ from gpu_admission.extender.gpustate import (
     PollError,
 )
 from gpu_admission.kube.client import api_client
+from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
 from gpu_admission.placement.fractional import (
     filter_fractional,
     fractional_error,
     fractional_share,
+    node_pool,
+    observe,
     score_fractional,
 )
 from gpu_admission.placement.gpus import Snapshot
+from gpu_admission.placement.requests import NodeRequests, pod_requests
 from gpu_admission.placement.score import (
     FilterResult,
     filter_nodes,
@@ -184,6 +188,9 @@ class ExtenderState:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     kube: KubeState | None = None  # the ledger's watch, with kube_source
     binder: Binder | None = None
+    #: CPU and memory requested per node (fragmentation ranking), from its own pods watch
+    requests: NodeRequests | None = None
+    requests_watcher: Watcher | None = None
 
 
 STATE = web.AppKey("extender_state", ExtenderState)
@@ -384,8 +391,18 @@ def decide_fractional(state: ExtenderState, verb: str, args: ExtenderArgs,
     views = {name: ledger.view(name) for name in args.names}
     labels = {name: ((kube_state.nodes.get(name) or {}).get("metadata") or {}).get("labels")
               or {} for name in args.names}
+    requests = state.requests
+    resources = (None if requests is None else
+                 {name: requests.free(kube_state.nodes.get(name)) for name in args.names})
+    pod = pod_requests(args.pod)
     if verb == "filter":
-        result = filter_fractional(share, args.names, views, labels, state.policy)
+        # learn the workload from the pods asked about (once per scheduling attempt)
+        pool = next((p for p in (node_pool(labels[n], state.policy) for n in args.names)
+                     if p is not None), None)
+        if pool is not None:
+            observe(share, pool.memory_mib, pod)
+        result = filter_fractional(share, args.names, views, labels, state.policy,
+                                   resources=resources, pod=pod)
         if result.failed:
             state.metrics.filtered.inc(len(result.failed))
             meta = args.pod.get("metadata")
@@ -396,7 +413,8 @@ def decide_fractional(state: ExtenderState, verb: str, args: ExtenderArgs,
     else:
         out = encode_priorities(score_fractional(share, args.names, views, labels,
                                                  state.policy,
-                                                 snapshot=state.poller.fresh_snapshot()))
+                                                 snapshot=state.poller.fresh_snapshot(),
+                                                 resources=resources, pod=pod))
     return web.Response(body=out, content_type=JSON)
 
 
@@ -524,6 +542,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     state.tasks.append(asyncio.create_task(state.poller.run(), name="poll-prometheus"))
     if state.kube is not None and state.binder is not None:
         state.kube.watcher.start()
+        if state.requests_watcher is not None:
+            state.requests_watcher.start()
         state.tasks.append(asyncio.create_task(state.binder.housekeeping(),
                                                name="gpu-housekeeping"))
     if cfg.policy_path is not None:
@@ -541,6 +561,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     finally:
         state.started = False
         await cancel_tasks(state.tasks)
+        if state.requests_watcher is not None:
+            await state.requests_watcher.stop()
         if state.kube is not None:
             await state.kube.watcher.stop()
             await asyncio.to_thread(state.kube.client.close)
@@ -569,6 +591,19 @@ def create_app(config: ExtenderConfig, *,
                                lambda: state.policy, config.watch_timeout_seconds)
         state.kube = kube_state
         state.binder = Binder(kube_state)
+        requests = state.requests = NodeRequests()
+        m = kube_state.metrics
+
+        def on_event(_resource: str, kind: str, obj: dict[str, Any]) -> None:
+            (requests.remove_pod if kind == "DELETED" else requests.set_pod)(obj)
+
+        # bound pods only; CPU and memory per node for the fragmentation ranking
+        state.requests_watcher = Watcher(
+            kube_state.client, (Resource("node-requests", "pods",
+                                         field_selector="spec.nodeName!="),),
+            on_replace=lambda _resource, items: requests.replace(items), on_event=on_event,
+            metrics=WatchMetrics(m.events, m.lists, m.errors), log=log,
+            event_prefix="requests", watch_timeout_seconds=config.watch_timeout_seconds)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[STATE] = state
     app.router.add_post(config.route("filter"), filter_handler)

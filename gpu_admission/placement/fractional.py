@@ -1,40 +1,55 @@
 """Placement of fractional pods (``sharing: fractional`` pools). PURE: the ledger's
-:class:`~gpu_admission.placement.ledger.NodeView`, the pool, the placement settings and DCGM
-utilisation in; a GPU choice, a filter result or scores out. No I/O, no clock.
+:class:`~gpu_admission.placement.ledger.NodeView`, the pool and the placement settings in; a
+GPU choice, a filter result or scores out. No I/O, no clock.
 
 One rule serves filter, prioritize and bind (so the node kube-scheduler picks is one where
-bind finds the GPU the scores promised):
+bind finds the GPU the scores promised), and ``gpu-admission simulate`` runs it too:
 
 * a GPU **fits** when its free memory (the pool's ``memoryMiB``, the card, minus the shares
   given out) is at least the pod's share + ``memoryHeadroomMiB``; an open GPU (one with a
   reservation pod) or a GPU the node can still open (a whole ``nvidia.com/gpu`` free);
-* among fitting GPUs the best **score** wins (0..100): the mean of scheduler-plugins
-  TargetLoadPacking's curve at the GPU's DCGM SM utilisation + the pod's share of the card
-  (:func:`~gpu_admission.placement.score.target_load_packing`, towards
-  ``targetUtilizationPercent``) and a best fit on memory, ``100 x (1 - leftover / card)``
-  (the tightest fit leaves roomy GPUs for big pods; Alibaba gpushare's rule); 0 when the
-  predicted utilisation passes 100 % (it still fits, as a last resort). Without metrics for a
-  GPU the memory fit alone decides. Ties: an open GPU before a new one, then by id.
+* among the nodes and GPUs that fit, the one adding the least **fragmentation** against the
+  workload the extender has seen wins (:mod:`gpu_admission.placement.frag`: FGD's measure,
+  USENIX ATC '23, with memory counted and a learned workload); ties go to the tightest fit.
+  Prioritize gives the best nodes 10 and the others 1..9 (:func:`spread`); the shipped
+  weight makes one level outweigh every in-tree plugin (docs/extender.md, Resolution).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
+import numpy as np
+
+from gpu_admission.placement.frag import (
+    MILLI,
+    OURS,
+    FragCache,
+    IntArray,
+    Nodes,
+    Ranking,
+    Shape,
+    Typical,
+    Workload,
+    rank,
+    typical_arrays,
+)
 from gpu_admission.placement.gpus import Snapshot
 from gpu_admission.placement.ledger import NodeView, is_fractional_pod, parse_mib
 from gpu_admission.placement.score import (
     FilterResult,
-    round_half_away,
-    target_load_packing,
-    to_extender_score,
 )
 from gpu_admission.policy.model import NodePool, Placement, Policy
 from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_MEMORY_ANNOTATION
 
 NEW_GPU: Final = ""  # Choice.gpu_id of a GPU to open
+#: The workload this process has been asked to place (one per extender: filter observes each
+#: fractional pod once per scheduling attempt), shared by filter, prioritize and bind so the
+#: card bind picks is the one the ranking promised. Re-read every :data:`REFRESH_EVERY` pods.
+LEARNED: Final = Workload()
+REFRESH_EVERY: Final = 256
 
 
 def fractional_share(pod: Mapping[str, Any]) -> int | None:
@@ -58,11 +73,27 @@ def fractional_error(pod: Mapping[str, Any]) -> str:
     return ""
 
 
+_POOLS: dict[int, tuple[Mapping[str, str], Policy, NodePool | None]] = {}
+
+
 def node_pool(labels: Mapping[str, str] | None, policy: Policy) -> NodePool | None:
     """The fractional pool a node belongs to: every nodeSelector label of the pool on the
-    node (the first such pool in policy order)."""
+    node (the first such pool in policy order). Remembered per labels object and policy
+    (the watch replaces a node's labels object when they change), so a request over a
+    thousand nodes does not match every selector again."""
     if not labels:
         return None
+    hit = _POOLS.get(id(labels))
+    if hit is not None and hit[0] is labels and hit[1] is policy:
+        return hit[2]
+    pool = _match_pool(labels, policy)
+    if len(_POOLS) > 100_000:
+        _POOLS.clear()
+    _POOLS[id(labels)] = (labels, policy, pool)
+    return pool
+
+
+def _match_pool(labels: Mapping[str, str], policy: Policy) -> NodePool | None:
     for pool in policy.spec.node_pools:
         if pool.fractional and all(labels.get(k) == v for k, v in pool.node_selector.items()):
             return pool
@@ -76,47 +107,201 @@ class Choice:
     free_mib: int  # free before the pod, MiB
 
 
-def gpu_score(free_mib: int, need_mib: int, card_mib: int, util: float | None, *,
-              share_percent: float, target: int) -> int:
-    """0..100 for one GPU (MiB: free before the pod, share + headroom, the card; util: DCGM
-    SM %, None without metrics; share_percent: the pod's share of the card, %)."""
-    tight = 100 * (1 - (free_mib - need_mib) / card_mib) if card_mib > 0 else 0.0
-    if util is None:
-        return round_half_away(tight)
-    if util + share_percent > 100:
-        # predicted past the card's compute: TargetLoadPacking gives 0, and a tight memory
-        # fit must not win it back (the pod would slow every tenant of a saturated GPU)
-        return 0
-    return round_half_away((target_load_packing(util + share_percent, target) + tight) / 2)
+def card_milli(free_mib: int, card_mib: int) -> int:
+    """Free MiB of a card as milli-GPU, rounded down (a share never looks smaller)."""
+    return max(0, free_mib) * MILLI // card_mib
+
+
+def need_milli(mib: int, card_mib: int) -> int:
+    """MiB asked of a card as milli-GPU, rounded up (so the MiB always fit)."""
+    return -(-mib * MILLI // card_mib)
+
+
+@dataclass
+class Typicals:
+    """The learned workload's typical shapes as arrays, refreshed every
+    :data:`REFRESH_EVERY` observations (between refreshes the ranking is stable)."""
+
+    workload: Workload
+    typ: Typical | None = None
+    seen: int = -1
+
+    def get(self) -> Typical:
+        if self.typ is None or self.workload.seen - self.seen >= REFRESH_EVERY:
+            # one model column: a fractional pool's share is a fraction of any card
+            self.typ = typical_arrays(self.workload.typical(), [""], OURS)
+            self.seen = self.workload.seen
+        return self.typ
+
+
+TYPICALS: Final = Typicals(LEARNED)
+
+
+def node_state(views: list[NodeView], card_mib: list[int]) -> tuple[Nodes, list[list[str]]]:
+    """The ledger's nodes as arrays (milli-GPU per card: open GPUs, then whole GPUs still
+    free to open) and each card's GPU id. CPU and memory are not on the ledger: unlimited
+    here (the simulator counts them; docs/extender.md, Limits)."""
+    gpus: list[list[int]] = []
+    ids: list[list[str]] = []
+    for view, card in zip(views, card_mib, strict=True):
+        gpus.append([card_milli(card - g.used_mib, card) for g in view.open]
+                    + [MILLI] * view.free_whole)
+        ids.append([g.gpu_id for g in view.open] + [NEW_GPU] * view.free_whole)
+    big = 2**40
+    return Nodes.build([v.name for v in views], [""] * len(views), [big] * len(views),
+                       [big] * len(views), gpus), ids
+
+
+@dataclass
+class Registry:
+    """Every node the extender has ranked, as frag arrays kept between requests: a row is
+    rebuilt only when the ledger hands out a new :class:`NodeView` for the node (the ledger
+    caches a node's view until something on it changes), and the fragmentation cache is
+    updated for those rows only. So a request over 1,213 nodes costs the ranking itself."""
+
+    index: dict[str, int] = field(default_factory=dict)
+    keys: list[tuple[NodeView, int]] = field(default_factory=list)
+    nodes: Nodes | None = None
+    cache: FragCache | None = None
+
+    def arrays(self, views: list[NodeView], cards: list[int], typ: Typical,
+               resources: list[tuple[int, int] | None] | None = None
+               ) -> tuple[Nodes, FragCache, IntArray]:
+        """The arrays for ``views`` (rows into them), up to date. ``resources``: each
+        node's free (milli-CPU, MiB), None to keep what the last request said (bind)."""
+        index, keys = self.index, self.keys
+        changed: list[tuple[int, list[int]]] = []
+        rebuild = self.nodes is None
+        width = self.nodes.gpu.shape[1] if self.nodes is not None else 1
+        for view, card in zip(views, cards, strict=True):
+            row = index.get(view.name)
+            if row is None:
+                rebuild = True
+                continue
+            key = keys[row]
+            if key[0] is not view or key[1] != card:
+                keys[row] = (view, card)
+                gpus, _ = _cards(view, card)
+                rebuild = rebuild or len(gpus) > width
+                changed.append((row, gpus))
+        if rebuild:
+            self._grow(views, cards)
+        nodes = self.nodes
+        assert nodes is not None
+        for row, gpus in changed:
+            nodes.gpu[row] = -1
+            nodes.gpu[row, :len(gpus)] = gpus
+        rows = np.array([index[v.name] for v in views], dtype=np.int64)
+        dirty = {r for r, _ in changed}
+        if resources is not None:
+            cpu = np.array([r[0] if r is not None else UNLIMITED for r in resources],
+                           dtype=np.int64)
+            mem = np.array([r[1] if r is not None else UNLIMITED for r in resources],
+                           dtype=np.int64)
+            moved = rows[(nodes.cpu[rows] != cpu) | (nodes.mem[rows] != mem)]
+            nodes.cpu[rows] = cpu
+            nodes.mem[rows] = mem
+            dirty.update(moved.tolist())
+        if self.cache is None or self.cache.typ is not typ:
+            self.cache = FragCache.build(nodes, typ)
+        elif dirty:
+            self.cache.update(nodes, np.array(sorted(dirty), dtype=np.int64))
+        return nodes, self.cache, rows
+
+    def _grow(self, views: list[NodeView], cards: list[int]) -> None:
+        for v, c in zip(views, cards, strict=True):
+            if v.name not in self.index:
+                self.index[v.name] = len(self.keys)
+                self.keys.append((v, c))
+            else:
+                self.keys[self.index[v.name]] = (v, c)
+        names = list(self.index)
+        gpus = [_cards(*self.keys[i])[0] for i in range(len(names))]
+        width = max((len(g) for g in gpus), default=1) or 1
+        old = self.nodes
+        cpu = [UNLIMITED] * len(names)
+        mem = [UNLIMITED] * len(names)
+        if old is not None:  # keep what requests said about the nodes already known
+            for i, name in enumerate(old.names):
+                cpu[i], mem[i] = int(old.cpu[i]), int(old.mem[i])
+                assert names[i] == name
+        self.nodes = Nodes.build(names, [""] * len(names), cpu, mem,
+                                 [g + [-1] * (width - len(g)) for g in gpus])
+        self.cache = None
+
+
+REGISTRY: Final = Registry()
+UNLIMITED: Final = 2**40  # CPU/memory of a node nothing is known about (milli-CPU, MiB)
+
+
+def _cards(view: NodeView, card_mib: int) -> tuple[list[int], list[str]]:
+    """A node's cards in milli-GPU (open GPUs, then whole GPUs free to open) and their ids."""
+    return ([card_milli(card_mib - g.used_mib, card_mib) for g in view.open]
+            + [MILLI] * view.free_whole,
+            [g.gpu_id for g in view.open] + [NEW_GPU] * view.free_whole)
+
+
+def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
+                    placement: Placement, typical: Typical | None = None, *,
+                    resources: list[tuple[int, int] | None] | None = None,
+                    pod: tuple[int, int] = (0, 0)) -> Ranking:
+    """Every node of ``views`` the share fits, with the card and the fragmentation it adds
+    (:func:`gpu_admission.placement.frag.rank`); ``rows`` index ``views``. Cards of
+    different sizes: the pod's share is converted per node, so nodes are ranked one card
+    size at a time and merged."""
+    typ = typical if typical is not None else TYPICALS.get()
+    if typical is not None:  # a caller's own shapes: arrays of its own (tests)
+        nodes, ids = node_state(views, card_mib)
+        del ids
+        cache = FragCache.build(nodes, typ)
+        rows_of = np.arange(len(views), dtype=np.int64)
+    else:
+        nodes, cache, rows_of = REGISTRY.arrays(views, card_mib, typ, resources)
+    position = np.full(len(nodes.names), -1, dtype=np.int64)
+    position[rows_of] = np.arange(len(rows_of))
+    sizes = np.array(card_mib, dtype=np.int64)
+    parts: list[Ranking] = []
+    for size in np.unique(sizes).tolist():
+        rows = rows_of[sizes == size]
+        share = need_milli(share_mib, size)
+        head = need_milli(share_mib + placement.memory_headroom_mib, size) - share
+        if share > MILLI:
+            continue
+        parts.append(rank(nodes, Shape(pod[0], pod[1], share, 1), typ, cache, rows=rows,
+                          headroom_milli=head))
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return Ranking(empty, empty, np.zeros(0), empty, empty)
+    merged = parts[0] if len(parts) == 1 else Ranking(
+        *(np.concatenate([getattr(p, f) for p in parts])
+          for f in ("rows", "card", "delta", "gpu_left", "cpu_left")))
+    return Ranking(position[merged.rows], merged.card, merged.delta, merged.gpu_left,
+                   merged.cpu_left)
 
 
 def options(view: NodeView, card_mib: int, share_mib: int, placement: Placement,
-            util: Mapping[str, float] | None = None) -> list[Choice]:
-    """Every GPU of the node the pod fits on, best first."""
-    need = share_mib + placement.memory_headroom_mib
-    share_percent = 100 * share_mib / card_mib
-    target = placement.target_utilization_percent
-    out = []
-    for g in view.open:
-        free = card_mib - g.used_mib
-        if free >= need:
-            u = util.get(g.uuid) if util is not None and g.uuid else None
-            out.append(Choice(g.gpu_id, gpu_score(free, need, card_mib, u,
-                                                  share_percent=share_percent,
-                                                  target=target), free))
-    if view.free_whole > 0 and card_mib >= need:
-        out.append(Choice(NEW_GPU, gpu_score(card_mib, need, card_mib,
-                                             0.0 if util is not None else None,
-                                             share_percent=share_percent, target=target),
-                          card_mib))
-    out.sort(key=lambda c: (-c.score, c.gpu_id == NEW_GPU, c.gpu_id))
-    return out
+            util: Mapping[str, float] | None = None, *,
+            typical: Typical | None = None) -> list[Choice]:
+    """The GPU of the node the pod fits best on (the card that adds the least
+    fragmentation, :func:`rank_fractional`), or nothing. ``util`` is accepted for callers
+    of the DCGM-based rule it replaced and not used: fragmentation decides the card."""
+    del util
+    r = rank_fractional(share_mib, [view], [card_mib], placement, typical)
+    if len(r.rows) == 0:
+        return []
+    _, ids = node_state([view], [card_mib])
+    card = int(r.card[0])
+    gpu_id = ids[0][card]
+    free = card_mib - next((g.used_mib for g in view.open if g.gpu_id == gpu_id), 0)
+    return [Choice(gpu_id, max(0, 100 - round(float(r.delta[0]) / 10)), free)]
 
 
 def choose(view: NodeView, card_mib: int, share_mib: int, placement: Placement,
-           util: Mapping[str, float] | None = None) -> Choice | None:
-    """The GPU bind gives the pod on this node, or None when nothing fits."""
-    best = options(view, card_mib, share_mib, placement, util)
+           util: Mapping[str, float] | None = None, *,
+           typical: Typical | None = None) -> Choice | None:
+    """The GPU bind gives the pod on this node (the card the ranking chose there), or None
+    when nothing fits. ``typical``: the shapes to measure against (default: learned)."""
+    best = options(view, card_mib, share_mib, placement, util, typical=typical)
     return best[0] if best else None
 
 
@@ -136,43 +321,92 @@ def no_fit_reason(view: NodeView, card_mib: int, share_mib: int, placement: Plac
             f"pods, {view.reservations} by reservations)")
 
 
-def node_utilisation(snapshot: Snapshot | None, node: str) -> dict[str, float] | None:
-    """GPU UUID -> DCGM SM utilisation (%) of a node, None without fresh metrics."""
-    if snapshot is None:
-        return None
-    gpus = snapshot.nodes.get(node)
-    return {g.uuid: g.util_percent for g in gpus} if gpus else {}
+NOT_IN_POOL: Final = ("not in a fractional node pool (no spec.nodePools[] with sharing: "
+                      "fractional whose nodeSelector matches the node's labels)")
+#: node name -> (its labels object, the policy, its fractional pool): one dict lookup and two
+#: identity checks per node and request instead of matching every selector
+_BY_NAME: dict[str, tuple[Mapping[str, str] | None, Policy, NodePool | None]] = {}
+
+
+def _pooled(names: list[str], views: Mapping[str, NodeView],
+            labels: Mapping[str, Mapping[str, str]], policy: Policy
+            ) -> tuple[list[str], list[NodeView], list[int], dict[str, str]]:
+    inside: list[str] = []
+    pooled: list[NodeView] = []
+    cards: list[int] = []
+    outside: dict[str, str] = {}
+    cache = _BY_NAME
+    for name in names:
+        lab = labels.get(name)
+        hit = cache.get(name)
+        if hit is not None and hit[0] is lab and hit[1] is policy:
+            pool = hit[2]
+        else:
+            pool = node_pool(lab, policy)
+            cache[name] = (lab, policy, pool)
+        if pool is None:
+            outside[name] = NOT_IN_POOL
+            continue
+        inside.append(name)
+        pooled.append(views[name])
+        cards.append(pool.memory_mib)
+    return inside, pooled, cards, outside
 
 
 def filter_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
-                      labels: Mapping[str, Mapping[str, str]], policy: Policy) -> FilterResult:
-    """Nodes where some GPU fits (open or to open); the others with a reason."""
+                      labels: Mapping[str, Mapping[str, str]], policy: Policy, *,
+                      resources: Mapping[str, tuple[int, int] | None] | None = None,
+                      pod: tuple[int, int] = (0, 0)) -> FilterResult:
+    """Nodes where some GPU fits (open or to open); the others with a reason. Every node
+    that fits passes: the ranking is prioritize's (scores spread so the best alone gets
+    10; docs/extender.md, Resolution)."""
     placement = policy.spec.placement
-    passed: list[str] = []
-    failed: dict[str, str] = {}
-    for name in names:
-        pool = node_pool(labels.get(name), policy)
-        if pool is None:
-            failed[name] = ("not in a fractional node pool (no spec.nodePools[] with sharing: "
-                            "fractional whose nodeSelector matches the node's labels)")
-            continue
-        view = views[name]
-        if options(view, pool.memory_mib, share_mib, placement):
-            passed.append(name)
-        else:
-            failed[name] = no_fit_reason(view, pool.memory_mib, share_mib, placement)
-    return FilterResult(passed, failed)
+    inside, pooled, cards, failed = _pooled(names, views, labels, policy)
+    r = rank_fractional(share_mib, pooled, cards, placement, pod=pod,
+                        resources=None if resources is None else
+                        [resources.get(n) for n in inside])
+    fit = {inside[int(i)] for i in r.rows}
+    for name, view, card in zip(inside, pooled, cards, strict=True):
+        if name not in fit:
+            failed[name] = no_fit_reason(view, card, share_mib, placement)
+    return FilterResult([n for n in names if n in fit], failed)
+
+
+def spread(r: Ranking) -> dict[int, int]:
+    """Row -> 0..10: the nodes tied at the top of the ranking (same fragmentation added,
+    same GPU and CPU left) 10; the others 1..9 by where their fragmentation added falls
+    between the best and the worst (never 10, so with the shipped weight kube-scheduler's
+    own plugins cannot lift one of them over a best node)."""
+    if len(r.rows) == 0:
+        return {}
+    lo, hi = float(r.delta.min()), float(r.delta.max())
+    frac = (hi - r.delta) / (hi - lo) if hi > lo else np.ones(len(r.rows))
+    score = 1 + (frac * 8).astype(np.int64)  # 1..9
+    score[r.best()] = MAX_EXTENDER
+    return dict(zip(r.rows.tolist(), score.tolist(), strict=True))
+
+
+MAX_EXTENDER: Final = 10
 
 
 def score_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
                      labels: Mapping[str, Mapping[str, str]], policy: Policy, *,
-                     snapshot: Snapshot | None) -> list[tuple[str, int]]:
-    """(node, 0..10): the score of the GPU bind would choose there; 0 where nothing fits."""
-    placement = policy.spec.placement
-    out = []
-    for name in names:
-        pool = node_pool(labels.get(name), policy)
-        best = (choose(views[name], pool.memory_mib, share_mib, placement,
-                       node_utilisation(snapshot, name)) if pool is not None else None)
-        out.append((name, to_extender_score(best.score) if best is not None else 0))
-    return out
+                     snapshot: Snapshot | None,
+                     resources: Mapping[str, tuple[int, int] | None] | None = None,
+                     pod: tuple[int, int] = (0, 0)) -> list[tuple[str, int]]:
+    """(node, 0..10) in request order: :func:`spread` of the ranking; 0 where nothing fits.
+    ``snapshot`` (DCGM) no longer changes the order: fragmentation decides."""
+    del snapshot
+    inside, pooled, cards, _ = _pooled(names, views, labels, policy)
+    r = rank_fractional(share_mib, pooled, cards, policy.spec.placement, pod=pod,
+                        resources=None if resources is None else
+                        [resources.get(n) for n in inside])
+    by_row = spread(r)
+    scores = {inside[row]: s for row, s in by_row.items()}
+    return [(name, scores.get(name, 0)) for name in names]
+
+
+def observe(share_mib: int, card_mib: int, pod: tuple[int, int] = (0, 0)) -> None:
+    """Count a fractional pod in the learned workload: its share as milli-GPU of its pool's
+    card, its (milli-CPU, MiB) requests."""
+    LEARNED.observe(Shape(pod[0], pod[1], min(MILLI, need_milli(share_mib, card_mib)), 1))

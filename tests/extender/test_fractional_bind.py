@@ -16,6 +16,9 @@ import orjson
 import pytest
 import yaml
 
+from gpu_admission.extender.app import STATE
+from gpu_admission.placement import fractional
+from gpu_admission.placement.frag import Nodes, Shape, rank
 from gpu_admission.vocab import (
     CONFIGMAP_LABEL,
     GPU_CONFIGMAP_ANNOTATION,
@@ -373,3 +376,59 @@ async def test_a_failed_opener_leaves_the_gpu_to_the_pods_that_joined_it(
         assert gpu_of(s.fake, b) == uuid
         assert gpu_of(s.fake, a) is None
         await until(lambda: state.kube.ledger.usage() == {"n1": {uuid: 20000}}, "b only")
+
+
+async def test_filter_prioritize_bind_agree_with_simulate(tmp_path: Path) -> None:
+    """Issue 32: one rule. The extender's ranking over HTTP (prioritize's 10 and the card
+    bind takes) is the simulator's on the same state: the ledger after three binds rebuilt
+    as ``simulate``'s arrays (milli-GPU per card; 81920 MiB cards, 1024 MiB headroom)."""
+    card = 81920  # MiB, the fractional pool's memoryMiB in the test policy
+    nodes_ = [frac_node("n1", gpus=2), frac_node("n2", gpus=2), frac_node("n3", gpus=1)]
+    for n in nodes_:
+        n["status"]["allocatable"].update({"cpu": "64", "memory": "256Gi"})
+    async with stack(tmp_path, *nodes_) as s:
+        # a CPU pod takes 62 of n2's 64 CPUs: n2 can no longer host the typical shapes
+        # (4-64 CPUs), so its free GPU counts as fragmented
+        cpu_hog = whole_pod("cpu-hog", "n2", gpus=0)
+        cpu_hog["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "62",
+                                                                      "memory": "8Gi"}}
+        s.create(cpu_hog)
+        state = await s.start_extender()
+        requests = s.extenders[-1][0].app[STATE].requests
+        assert requests is not None
+        await until(lambda: requests.used.get("n2") == [62000, 8192], "requests seen")
+        for name, mib, node in (("a", 60000, "n1"), ("b", 20000, "n2"), ("c", 40000, "n3")):
+            pod, = s.create(frac_pod(name, mib))
+            assert await s.post("bind", binding_args(pod, node)) == {"Error": ""}
+        await until(lambda: len(state.kube.ledger.usage()) == 3, "three GPUs open")
+        small, = s.create(frac_pod("small", 16000))
+        names = ["n1", "n2", "n3"]
+        assert (await s.post("filter", args_with_names(small, names)))["NodeNames"] == names
+        scores = {h["Host"]: h["Score"] for h in
+                  await s.post("prioritize", args_with_names(small, names))}
+        typical = fractional.TYPICALS.get()  # the shapes the extender measured against
+        # the simulator's state: cards in milli-GPU, open GPUs first, then GPUs to open
+        used = {"n1": [60000], "n2": [20000], "n3": [40000]}
+        free_whole = {"n1": 1, "n2": 1, "n3": 0}
+        nodes = Nodes.build(names, [""] * 3, [64000, 2000, 64000],
+                            [262144, 262144 - 8192, 262144],
+                            [[(card - u) * 1000 // card for u in used[n]]
+                             + [1000] * free_whole[n] for n in names])
+        share = -(-16000 * 1000 // card)
+        ranking = rank(nodes, Shape(0, 0, share, 1), typical,
+                       headroom_milli=-(-(16000 + 1024) * 1000 // card) - share)
+        best = {names[int(ranking.rows[i])] for i in ranking.best()}
+        assert {n for n, v in scores.items() if v == 10} == best
+        assert all(scores[n] < 10 for n in names if n not in best)
+        target = sorted(best)[0]
+        row = names.index(target)
+        card_index = int(ranking.card[list(ranking.rows).index(row)])
+        assert await s.post("bind", binding_args(small, target)) == {"Error": ""}
+        await until(lambda: sum(len(g) for g in state.kube.ledger.usage().values()) >= 3,
+                    "bound")
+        gpus = state.kube.ledger.usage()[target]
+        if card_index < len(used[target]):  # an open GPU: the share is added to it
+            assert sorted(gpus.values()) == sorted(
+                [u + (16000 if i == card_index else 0) for i, u in enumerate(used[target])])
+        else:  # a GPU to open: a second GPU appears on the node holding the share
+            assert sorted(gpus.values()) == sorted([*used[target], 16000])

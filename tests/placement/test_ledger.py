@@ -11,6 +11,7 @@ import pytest
 from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod
 from gpu_admission.fractional import visible_devices_value
 from gpu_admission.placement.fractional import NEW_GPU, choose, no_fit_reason
+from gpu_admission.placement.frag import OURS, Workload, typical_arrays
 from gpu_admission.placement.ledger import (
     OPENING_PREFIX,
     Assignment,
@@ -101,18 +102,22 @@ def test_assumed_shares_count_until_the_watch_shows_them_then_once() -> None:
 
 
 @pytest.mark.parametrize("used, share, expected", [
-    ({"GPU-1": 60000, "GPU-2": 20000}, 10000, "GPU-1"),  # tightest fit that still fits
+    # fragmentation against the prior workload: 10000 MiB on GPU-1 would leave 11920 MiB
+    # (145 milli-GPU), less than the smallest typical share (250): GPU-2 keeps both usable
+    ({"GPU-1": 60000, "GPU-2": 20000}, 10000, "GPU-2"),
+    ({"GPU-1": 55000, "GPU-2": 20000}, 4000, "GPU-1"),  # no sliver either way: tightest
     ({"GPU-1": 75000, "GPU-2": 20000}, 10000, "GPU-2"),  # GPU-1 lacks share + headroom
     ({"GPU-1": 75000, "GPU-2": 75000}, 10000, NEW_GPU),  # open a new one
     ({"GPU-1": 75000, "GPU-2": 75000}, 90000, None),  # larger than the card
-], ids=["best-fit", "skip-full", "open-new", "never-fits"])
+], ids=["no-unusable-sliver", "best-fit", "skip-full", "open-new", "never-fits"])
 def test_choice(used: dict[str, int], share: int, expected: str | None) -> None:
     pods, cms = [], []
     for i, (uuid, mib) in enumerate(used.items()):
         pod = bound(frac_pod(f"p{i}", mib), "n1", f"u{i}")
         pods += [pod, reservation(f"r{i}", "n1", uuid)]
         cms.append(cm_for(pod, uuid))
-    choice = choose(ledger_with(*pods, cms=tuple(cms)).view("n1"), CARD, share, PLACEMENT)
+    choice = choose(ledger_with(*pods, cms=tuple(cms)).view("n1"), CARD, share, PLACEMENT,
+                    typical=typical_arrays(Workload().typical(), [""], OURS))
     assert (choice.gpu_id if choice else None) == expected
 
 

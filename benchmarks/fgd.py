@@ -1,0 +1,143 @@
+"""FGD benchmark (issue 32): ``gpu-admission simulate``'s replay of Alibaba's openb trace
+under the paper's protocol, both traces, seeds 42-51, every placement, next to the paper's
+rows (``shared/data/openb/published-fgd-atc23.tsv``). Also the time per decision.
+
+    python benchmarks/fgd.py [--seeds 42-51] [--placements shipped,fgd,bestfit,random]
+                             [--traces default,gpushare100] [--until 130]
+
+Runs one replay at a time (nice it on a shared machine). Prints a markdown table: mean, min
+and max over the seeds at 100 % and 130 % of arrived demand, and decision p50/p99 (ms)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from gpu_admission.simulate.core import at, simulate
+from gpu_admission.simulate.trace import openb_nodes, openb_pods
+
+DATA = Path("/work/shared/data/openb")
+PAPER_NAMES = {"random": "Random", "bestfit": "BestFit", "fgd": "FGD"}
+
+
+def paper() -> dict[tuple[str, str], tuple[float, float]]:
+    out = {}
+    for line in (DATA / "published-fgd-atc23.tsv").read_text().splitlines()[1:]:
+        c = line.split("\t")
+        out[(c[0], c[1].split("-", 1)[1])] = (float(c[3]), float(c[6]))
+    return out
+
+
+def extender_latency(pods: int = 2000) -> None:
+    """filter + prioritize of one fractional pod over the 1,213 openb nodes, as the extender
+    runs them (the ledger's views, each node's free CPU/memory from :class:`NodeRequests`,
+    :func:`filter_fractional`, :func:`score_fractional`), with the ledger and the requests
+    filled by binds between requests (each bind changes one node). One core, this process;
+    ms. Timed: everything after the views (the ledger's own ``view`` is issue 36's code)."""
+    import numpy as np  # noqa: PLC0415 (only this mode)
+
+    from gpu_admission.placement.fractional import (  # noqa: PLC0415
+        choose,
+        filter_fractional,
+        observe,
+        score_fractional,
+    )
+    from gpu_admission.placement.ledger import Assignment, Ledger  # noqa: PLC0415
+    from gpu_admission.placement.requests import NodeRequests  # noqa: PLC0415
+    from gpu_admission.policy.model import policy_from_dict  # noqa: PLC0415
+
+    card = 81920  # MiB
+    policy = policy_from_dict({"apiVersion": "gpu-admission.io/v1alpha1",
+                               "kind": "GPUSharingPolicy", "spec": {"nodePools": [{
+                                   "name": "frac", "nodeSelector": {"pool": "frac"},
+                                   "sharing": "fractional", "memoryMiB": card}]}})
+    specs = openb_nodes((DATA / "openb_node_list_gpu_node.csv").read_text())
+    ledger = Ledger("gpu-admission")
+    labels = {}
+    node_objs = {}
+    requests = NodeRequests()
+    for n in specs:
+        node_objs[n.name] = {"metadata": {"name": n.name, "labels": {"pool": "frac"}},
+                             "status": {"allocatable": {"nvidia.com/gpu": str(n.gpus),
+                                                        "cpu": f"{n.cpu_milli}m",
+                                                        "memory": f"{n.mem_mib}Mi"}}}
+        ledger.set_node(node_objs[n.name])
+        labels[n.name] = {"pool": "frac"}
+    names = [n.name for n in specs]
+    rng = np.random.default_rng(42)
+    shares = [4096, 8192, 12288, 16384, 24576, 40960]
+    times = []
+    for i in range(pods):
+        share = int(rng.choice(shares))
+        pod = (int(rng.choice([2000, 4000, 8000])), int(rng.choice([8192, 16384, 32768])))
+        views = {name: ledger.view(name) for name in names}
+        t0 = time.perf_counter()
+        # as the extender does per call: each node's allocatable minus its pods' requests
+        resources = {name: requests.free(node_objs[name]) for name in names}
+        observe(share, card, pod)
+        passed = filter_fractional(share, names, views, labels, policy, resources=resources,
+                                   pod=pod).passed
+        scores = score_fractional(share, passed, views, labels, policy, snapshot=None,
+                                  resources=resources, pod=pod)
+        times.append(time.perf_counter() - t0)
+        if not passed:
+            continue
+        best = max(scores, key=lambda hs: hs[1])[0]
+        choice = choose(views[best], card, share, policy.spec.placement)
+        assert choice is not None
+        gpu = choice.gpu_id or ledger.open_gpu(f"r{i}", best)
+        ledger.assume(Assignment("t", f"p{i}", f"u{i}", best, gpu, share))
+        requests.set_pod({"metadata": {"name": f"p{i}", "namespace": "t"},
+                          "spec": {"nodeName": best, "containers": [{"resources": {
+                              "requests": {"cpu": f"{pod[0]}m", "memory": f"{pod[1]}Mi"}}}]},
+                          "status": {"phase": "Running"}})
+    ms = np.array(times) * 1000
+    print(f"extender filter+prioritize over {len(names)} nodes, {pods} pods: p50 "
+          f"{np.percentile(ms, 50):.2f} ms, p99 {np.percentile(ms, 99):.2f} ms, max "
+          f"{ms.max():.2f} ms")
+
+
+def main() -> None:
+    if "--extender" in sys.argv:
+        extender_latency()
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="42-51")
+    ap.add_argument("--placements", default="shipped,fgd,bestfit,random")
+    ap.add_argument("--traces", default="default,gpushare100")
+    ap.add_argument("--until", type=int, default=130)
+    a = ap.parse_args()
+    lo, _, hi = a.seeds.partition("-")
+    seeds = list(range(int(lo), int(hi or lo) + 1))
+    nodes = openb_nodes((DATA / "openb_node_list_gpu_node.csv").read_text())
+    ref = paper()
+    print("| trace | placement | seeds | at 100 % mean (min-max) | at 130 % mean | paper at 100 "
+          "| paper at 130 | decision p50 / p99 ms | replay s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for trace in a.traces.split(","):
+        pods = openb_pods((DATA / f"openb_pod_list_{trace}.csv").read_text())
+        for placement in a.placements.split(","):
+            r100, r130, p50, p99, secs = [], [], [], [], []
+            for seed in seeds:
+                t0 = time.perf_counter()
+                r = simulate(nodes, pods, placement=placement, seed=seed, until=a.until,
+                             clock=time.perf_counter)
+                secs.append(time.perf_counter() - t0)
+                r100.append(at(r, 100))
+                r130.append(at(r, 130))
+                p50.append(r.decision_ms["p50"])
+                p99.append(r.decision_ms["p99"])
+                print(f"  {trace} {placement} seed {seed}: {r100[-1]} / {r130[-1]} "
+                      f"({secs[-1]:.0f} s)", file=sys.stderr)
+            pr = ref.get((trace, PAPER_NAMES.get(placement, "")), (float("nan"),) * 2)
+            print(f"| {trace} | {placement} | {len(seeds)} | {statistics.mean(r100):.2f} "
+                  f"({min(r100):.2f}-{max(r100):.2f}) | {statistics.mean(r130):.2f} | "
+                  f"{pr[0]} | {pr[1]} | {statistics.median(p50):.2f} / "
+                  f"{max(p99):.2f} | {statistics.mean(secs):.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

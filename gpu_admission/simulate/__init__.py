@@ -1,0 +1,1 @@
+"""``gpu-admission simulate``: replay a trace through the placement the install ships."""

@@ -1,0 +1,110 @@
+"""The fragmentation measure (:mod:`gpu_admission.placement.frag`): FGD's per-shape rule on
+hand-worked nodes, and the vectorised ranking held to a brute-force recomputation (place the
+pod, measure the node again) over random states."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_admission.placement.frag import (
+    FGD,
+    OURS,
+    Measure,
+    Nodes,
+    Shape,
+    Workload,
+    fixed_workload,
+    node_frag,
+    rank,
+    typical_arrays,
+)
+
+
+def one_node(gpus: list[int], cpu: int = 32000, mem: int = 131072, model: str = "T4") -> Nodes:
+    return Nodes.build(["n"], [model], [cpu], [mem], [gpus])
+
+
+@pytest.mark.parametrize("gpus, cpu, shapes, expected", [
+    ([1000, 1000], 32000, [Shape(1000, 1024, 500, 1)], 0.0),  # every card hosts a half
+    ([300, 1000], 32000, [Shape(1000, 1024, 500, 1)], 300.0),  # 300 left is a sliver
+    ([300, 1000], 500, [Shape(1000, 1024, 500, 1)], 1300.0),  # no CPU: all of it
+    ([1000, 600], 32000, [Shape(1000, 1024, 1000, 2)], 1600.0),  # 2 whole cards: not there
+    ([1000, 600], 32000, [Shape(1000, 1024, 500, 1), Shape(1000, 1024, 1000, 1)], 300.0),
+], ids=["fits", "sliver", "no-cpu", "lacks-cards", "weighted-half"])
+def test_fgd_rule_by_hand(gpus: list[int], cpu: int, shapes: list[Shape],
+                          expected: float) -> None:
+    typ = typical_arrays(fixed_workload(shapes).typical(), ["T4"], OURS)
+    assert node_frag(one_node(gpus, cpu), typ)[0] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("measure, expected", [(OURS, 1300.0), (FGD, 300.0)],
+                         ids=["ours-counts-memory", "fgd-cpu-only"])
+def test_memory_strands_gpus_in_our_measure(measure: Measure, expected: float) -> None:
+    typ = typical_arrays(fixed_workload([Shape(1000, 65536, 500, 1)]).typical(), ["T4"],
+                         measure)
+    assert node_frag(one_node([300, 1000], mem=32768), typ)[0] == pytest.approx(expected)
+
+
+def test_a_model_the_shape_cannot_use_is_all_fragment() -> None:
+    typ = typical_arrays(fixed_workload([Shape(1000, 1024, 500, 1, ("V100M32",))]).typical(),
+                         ["T4"], OURS)
+    assert node_frag(one_node([1000, 1000]), typ)[0] == 2000.0
+
+
+@pytest.mark.parametrize("seed", range(6), ids=[f"seed{s}" for s in range(6)])
+@pytest.mark.parametrize("measure", [OURS, FGD], ids=["ours", "fgd"])
+def test_ranking_equals_brute_force(seed: int, measure: Measure) -> None:
+    rng = np.random.default_rng(seed)
+    n = 30
+    widths = rng.choice([1, 2, 4, 8], size=n)
+    gpus = [list(rng.choice([0, 100, 250, 400, 500, 750, 1000], size=w)) for w in widths]
+    models = list(rng.choice(["A", "B"], size=n))
+    nodes = Nodes.build([f"n{i}" for i in range(n)], models,
+                        list(rng.integers(0, 64000, size=n)),
+                        list(rng.integers(0, 262144, size=n)), gpus)
+    shapes = [Shape(4000, 16384, 250, 1), Shape(8000, 32768, 500, 1, ("A",)),
+              Shape(8000, 65536, 1000, 1), Shape(16000, 65536, 1000, 2), Shape(2000, 4096, 0, 0)]
+    typ = typical_arrays(fixed_workload(shapes).typical(), nodes.models, measure)
+    for pod in [Shape(2000, 8192, 300, 1), Shape(8000, 16384, 1000, 2),
+                Shape(1000, 2048, 0, 0), Shape(2000, 8192, 500, 1, ("B",))]:
+        r = rank(nodes, pod, typ)
+        before = node_frag(nodes, typ)
+        for row, card, delta in zip(r.rows, r.card, r.delta, strict=True):
+            after = Nodes(nodes.names, nodes.models, nodes.model.copy(), nodes.cpu.copy(),
+                          nodes.mem.copy(), nodes.gpu.copy())
+            after.cpu[row] -= pod.cpu_milli
+            after.mem[row] -= pod.mem_mib
+            if pod.gpus and pod.gpu_milli < 1000:
+                assert after.gpu[row, card] >= pod.gpu_milli
+                after.gpu[row, card] -= pod.gpu_milli
+                # no other card of the node adds less
+                for other in np.flatnonzero(nodes.gpu[row] >= pod.gpu_milli):
+                    alt = after.gpu.copy()
+                    alt[row, card] += pod.gpu_milli
+                    alt[row, other] -= pod.gpu_milli
+                    trial = Nodes(nodes.names, nodes.models, after.model, after.cpu,
+                                  after.mem, alt)
+                    assert node_frag(trial, typ)[row] - before[row] >= delta - 1e-6
+            elif pod.gpus:
+                free = np.flatnonzero(after.gpu[row] >= 1000)[:pod.gpus]
+                after.gpu[row, free] -= 1000
+            assert node_frag(after, typ)[row] - before[row] == pytest.approx(delta)
+        assert len(r.rows) == int(np.sum(
+            (nodes.cpu >= pod.cpu_milli) & (nodes.mem >= pod.mem_mib)
+            & (np.array([not pod.models or m in pod.models for m in models]) | (pod.gpus == 0))
+            & ((nodes.gpu >= pod.gpu_milli).sum(axis=1) >= pod.gpus)))
+
+
+def test_workload_learns_and_forgets() -> None:
+    w = Workload(half_life=100.0)
+    prior = {s for s, _ in w.typical()}
+    for _ in range(500):
+        w.observe(Shape(6000, 24576, 300, 1))
+    top, weight = w.typical()[0]
+    assert top == Shape(6000, 24576, 300, 1) and weight > 0.9
+    for _ in range(1000):
+        w.observe(Shape(2000, 8192, 700, 1))
+    assert w.typical()[0][0] == Shape(2000, 8192, 700, 1)
+    assert Shape(6000, 24576, 300, 1) not in {s for s, _ in w.typical()}  # decayed away
+    assert prior  # the prior was there before anything was seen
