@@ -287,7 +287,7 @@ class Classification(_Model):
     default_workload: WorkloadClass = Field(default="inference", alias="defaultWorkload")
     training_owner_kinds: list[StrictStr] = Field(
         default_factory=lambda: ["PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob",
-                                 "JAXJob", "TrainJob"], alias="trainingOwnerKinds")
+                                 "JAXJob", "MXJob", "TrainJob"], alias="trainingOwnerKinds")
     training_label_prefixes: list[StrictStr] = Field(
         default_factory=lambda: ["training.kubeflow.org/", "trainer.kubeflow.org/"],
         alias="trainingLabelPrefixes")
