@@ -485,7 +485,7 @@ def _node(root: Any, pointer: str, create: bool = False) -> Any:
         if isinstance(node, list):
             node = node[int(key)]
         else:
-            if create and not isinstance(node.get(key), dict):
+            if create and node.get(key) is None:
                 node[key] = {}
             node = node[key]
     return node
@@ -520,8 +520,18 @@ def with_mutated_template(obj: dict[str, Any], template: PodTemplate,
                 continue
             target = _node(out, ptr)
             for key, value in new_items[i].items():
-                if old_items[i].get(key) != value and (
-                        places.container_keys is None or key in places.container_keys):
+                if old_items[i].get(key) == value or (
+                        places.container_keys is not None and key not in places.container_keys):
+                    continue
+                if key == "env" and isinstance(value, list):
+                    # only the variables the patch set, upserted by name: the place may hold
+                    # part of the container's env (a KServe model over its runtime's)
+                    before = {e.get("name"): e for e in old_items[i].get("env") or ()
+                              if isinstance(e, dict)}
+                    changed = [e for e in value if isinstance(e, dict)
+                               and before.get(e.get("name")) != e]
+                    target["env"] = _merge_env(list(target.get("env") or []), changed)
+                else:
                     target[key] = value
     target = _node(out, places.spec)
     for key, value in new_spec.items():
