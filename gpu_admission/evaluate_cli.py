@@ -46,7 +46,7 @@ import yaml
 
 from gpu_admission.decision import Decision, RequestFacts
 from gpu_admission.dra.model import DraSourceError
-from gpu_admission.dra.offline import OfflineDra, is_dra_object
+from gpu_admission.dra.offline import OfflineDra, is_compute_domain, is_dra_object
 from gpu_admission.engine import evaluate as evaluate_pod
 from gpu_admission.manifests import InputError, expand_paths, read_documents
 from gpu_admission.patch import apply_ops
@@ -220,6 +220,12 @@ def evaluate(*, filenames: tuple[str, ...], recursive: bool, policy_path: Path |
         catalog.add(doc, namespace)
     for name, index, doc in every:
         try:
+            if is_compute_domain(doc):
+                if dra.add_compute_domain(doc, namespace):
+                    click.echo(f"{name}: document {index}: ComputeDomain: its IMEX channel "
+                               "ResourceClaimTemplate is read as the driver creates it (not a "
+                               "GPU)", err=True)
+                continue
             if is_dra_object(doc):
                 claim = dra.take(doc, namespace)
                 if claim is not None:
