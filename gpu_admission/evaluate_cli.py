@@ -220,6 +220,11 @@ def evaluate(*, filenames: tuple[str, ...], recursive: bool, policy_path: Path |
         catalog.add(doc, namespace)
     for name, index, doc in every:
         try:
+            if catalog.is_runtime(doc):
+                click.echo(f"{name}: document {index}: {doc.get('kind')} read as a KServe "
+                           "runtime: its pods are the InferenceServices' that select it",
+                           err=True)
+                continue
             if is_compute_domain(doc):
                 if dra.add_compute_domain(doc, namespace):
                     click.echo(f"{name}: document {index}: ComputeDomain: its IMEX channel "

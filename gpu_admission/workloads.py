@@ -285,10 +285,18 @@ def pod_templates(obj: Any, namespace: str | None = None,
                             scheduler=_ray_scheduler(tpl.get("metadata")))
     if group == "serving.knative.dev" and kind in ("Service", "Configuration"):
         spec = _require_dict(spec, "spec")
-        return [_pod_from_template(obj, spec.get("template"), pointer="/spec/template",
-                                   field="spec.template", suffix="", namespace=ns, owner=False,
-                                   labels=POD_IDENTITY[group, "Service"].pod_labels(
-                                       str(meta.get("name", "")), kind))]
+        tpl = _pod_from_template(obj, spec.get("template"), pointer="/spec/template",
+                                 field="spec.template", suffix="", namespace=ns, owner=False,
+                                 labels=POD_IDENTITY[group, "Service"].pod_labels(
+                                     str(meta.get("name", "")), kind))
+        # Knative's defaulting names an unnamed container "user-container" (the only one) or
+        # "user-container-<i>" (pkg/apis/serving/v1/revision_defaults.go)
+        containers = tpl.pod["spec"]["containers"]
+        named = [c if c.get("name") else {**c, "name": "user-container" if len(containers) == 1
+                                          else f"user-container-{i}"}
+                 for i, c in enumerate(containers)]
+        tpl.pod["spec"] = {**tpl.pod["spec"], "containers": named}
+        return [tpl]
     if group == "leaderworkerset.x-k8s.io" and kind == "LeaderWorkerSet":
         return _lws(obj, _require_dict(spec, "spec"), ns)
     if group == "kubeflow.org" and kind == "Notebook":
@@ -685,6 +693,13 @@ class RuntimeCatalog:
         self.namespaced: list[Runtime] = []
         self.cluster: list[Runtime] = []
 
+    @staticmethod
+    def is_runtime(obj: Any) -> bool:
+        """A ServingRuntime/ClusterServingRuntime: no pod of its own (its containers get
+        their GPUs from the models that run on it), read for the InferenceServices."""
+        return isinstance(obj, dict) and api_group(obj) == "serving.kserve.io" and obj.get(
+            "kind") in ("ServingRuntime", "ClusterServingRuntime")
+
     def add(self, obj: Any, namespace: str | None = None) -> None:
         if not isinstance(obj, dict) or api_group(obj) != "serving.kserve.io":
             return
@@ -817,23 +832,6 @@ def _inference_service(obj: dict[str, Any], spec: dict[str, Any], ns: str,
                                  places=places, labels=labels,
                                  annotations=body.get("annotations"), runtime=runtime_text))
     return out
-
-
-def _serving_runtime(obj: dict[str, Any], spec: dict[str, Any], ns: str,
-                     catalog: RuntimeCatalog) -> list[PodTemplate]:
-    """KServe ServingRuntime/ClusterServingRuntime (serving.kserve.io/v1alpha1): the pod of
-    any model that runs on it, before the model's own fields (``spec`` is a PodSpec inline:
-    containers, nodeSelector, ...; its ``annotations``/``labels`` go to the pod)."""
-    pod_spec = {k: v for k, v in spec.items() if k in POD_FIELDS}
-    containers = _list_at(pod_spec.get("containers"), "spec.containers")
-    init = _list_at(pod_spec.get("initContainers"), "spec.initContainers")
-    places = Places(spec="/spec", containers=tuple(f"/spec/containers/{i}"
-                                                   for i in range(len(containers))),
-                    init=tuple(f"/spec/initContainers/{i}" for i in range(len(init))),
-                    meta="/spec")
-    return [_embedded_pod(obj, ns, spec=pod_spec, field="spec", suffix="", places=places,
-                          labels={**_str_labels(spec.get("labels")), "component": "predictor"},
-                          annotations=spec.get("annotations"))]
 
 
 def _llm_inference_service(obj: dict[str, Any], spec: dict[str, Any], ns: str,
@@ -1102,8 +1100,6 @@ _Builder = Callable[[dict[str, Any], dict[str, Any], str, RuntimeCatalog], list[
 #: Kinds whose pods are built from fields rather than a PodTemplateSpec, by (group, kind).
 _EMBEDDED: dict[tuple[str, str], _Builder] = {
     ("serving.kserve.io", "InferenceService"): _inference_service,
-    ("serving.kserve.io", "ServingRuntime"): _serving_runtime,
-    ("serving.kserve.io", "ClusterServingRuntime"): _serving_runtime,
     ("serving.kserve.io", "LLMInferenceService"): _llm_inference_service,
     ("argoproj.io", "Workflow"): _argo_spec,
     ("argoproj.io", "WorkflowTemplate"): _argo_spec,
