@@ -93,6 +93,7 @@ def _result(name: str, index: int, obj: dict[str, Any], tpl: PodTemplate,
         "changes": list(decision.changes),
         **({"runtime": tpl.runtime} if tpl.runtime else {}),
         **({"unread": list(tpl.notes)} if tpl.notes else {}),
+        **({"hints": list(tpl.hints)} if tpl.hints else {}),
     }
 
 
@@ -124,6 +125,8 @@ def _text(result: dict[str, Any], label: str) -> str:
             lines.append(f"  warning: {w}")
     for note in result.get("unread", ()):
         lines.append(f"  unread: {note}")
+    for hint in result.get("hints", ()):
+        lines.append(f"  hint: {hint}")
     if result["patch"]:
         lines.append("  patch:")
         for op in result["patch"]:

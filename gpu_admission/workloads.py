@@ -42,6 +42,8 @@ rayservice_types.go); LWS ``api/leaderworkerset/v1``; Kubeflow notebook-controll
 from __future__ import annotations
 
 import copy
+import dataclasses
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -50,6 +52,7 @@ from typing import Any
 import yaml
 
 from gpu_admission.patch import escape
+from gpu_admission.vocab import WORKLOAD_LABEL
 
 TEMPLATE_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet",
                             "ReplicationController"})
@@ -135,6 +138,8 @@ class PodTemplate:
     notes: tuple[str, ...] = ()
     #: the serving runtime the pod runs, when a platform builds it from one (KServe)
     runtime: str = ""
+    #: advice about facts the pod cannot carry (e.g. a RayJob that runs Ray Train)
+    hints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,18 +290,18 @@ def pod_templates(obj: Any, namespace: str | None = None,
                             scheduler=_ray_scheduler(tpl.get("metadata")))
     if group == "serving.knative.dev" and kind in ("Service", "Configuration"):
         spec = _require_dict(spec, "spec")
-        tpl = _pod_from_template(obj, spec.get("template"), pointer="/spec/template",
+        knative = _pod_from_template(obj, spec.get("template"), pointer="/spec/template",
                                  field="spec.template", suffix="", namespace=ns, owner=False,
                                  labels=POD_IDENTITY[group, "Service"].pod_labels(
                                      str(meta.get("name", "")), kind))
         # Knative's defaulting names an unnamed container "user-container" (the only one) or
         # "user-container-<i>" (pkg/apis/serving/v1/revision_defaults.go)
-        containers = tpl.pod["spec"]["containers"]
+        containers = knative.pod["spec"]["containers"]
         named = [c if c.get("name") else {**c, "name": "user-container" if len(containers) == 1
                                           else f"user-container-{i}"}
                  for i, c in enumerate(containers)]
-        tpl.pod["spec"] = {**tpl.pod["spec"], "containers": named}
-        return [tpl]
+        knative.pod["spec"] = {**knative.pod["spec"], "containers": named}
+        return [knative]
     if group == "leaderworkerset.x-k8s.io" and kind == "LeaderWorkerSet":
         return _lws(obj, _require_dict(spec, "spec"), ns)
     if group == "kubeflow.org" and kind == "Notebook":
@@ -414,12 +419,34 @@ def _ray(obj: dict[str, Any], spec: dict[str, Any], ns: str) -> list[PodTemplate
     if cluster is not None:  # a RayJob may use an existing cluster (clusterSelector)
         out = _ray_cluster(obj, _require_dict(cluster, base), ns, base, pointer,
                            scheduler=_ray_scheduler(obj.get("metadata")))
+    if obj["kind"] == "RayJob" and _RAY_TRAIN.search(str(spec.get("entrypoint", ""))):
+        out = [_ray_train_hint(t) for t in out]
     if obj["kind"] == "RayJob" and spec.get("submitterPodTemplate") is not None:
         out.append(_pod_from_template(obj, spec["submitterPodTemplate"],
                                       pointer="/spec/submitterPodTemplate",
                                       field="spec.submitterPodTemplate", suffix="submitter",
                                       namespace=ns, owner=BATCH_JOB_OWNER))
     return out
+
+
+#: A RayJob entrypoint that runs Ray Train (``ray.train`` trainers, a ``*train*.py`` script).
+_RAY_TRAIN = re.compile(r"ray[._]train|\b(?:Torch|TensorFlow|Tensorflow|XGBoost|LightGBM|"
+                        r"Horovod|Lightning|Transformers)Trainer\b|[\w/-]*train[\w-]*\.py\b")
+
+
+def _ray_train_hint(tpl: PodTemplate) -> PodTemplate:
+    """A RayJob that trains: its GPU templates should say so, because KubeRay puts the
+    RayJob's labels on the RayCluster, never on pods (``common/pod.go`` ``labelPod``)."""
+    labels = tpl.pod.get("metadata", {}).get("labels") or {}
+    containers = tpl.pod["spec"].get("containers") or []
+    gpu = any(str(name).startswith("nvidia.com/") for c in containers if isinstance(c, dict)
+              for name in ((c.get("resources") or {}).get("limits") or {}))
+    if labels.get(WORKLOAD_LABEL) is not None or not gpu:
+        return tpl
+    hint = (f"the RayJob's entrypoint runs Ray Train, but {tpl.field} has no "
+            f"{WORKLOAD_LABEL} label: KubeRay never puts the RayJob's labels on pods, so "
+            f"the webhook cannot tell; label the template {WORKLOAD_LABEL}: training")
+    return dataclasses.replace(tpl, hints=(*tpl.hints, hint))
 
 
 #: KubeRay's batch-scheduler label on a RayCluster/RayJob and the ``schedulerName`` its

@@ -125,6 +125,19 @@ CLASSIFIED = [
     pytest.param(("PyTorchJob", "nvl-train", "spec.pytorchReplicaSpecs.Worker.template"),
                  (True, "training", "owner PyTorchJob/nvl-train", "12.3"),
                  id="nvidia-dra-computedomain-imex-channel-training"),
+    pytest.param(("RayJob", "train-mnist", "spec.rayClusterSpec.workerGroupSpecs[0].template"),
+                 (True, "inference", "default", "11.8"),
+                 id="kuberay-v1-rayjob-ray-train-unlabelled-ray-ml-2.9-gpu"),
+    pytest.param(("RayJob", "train-labelled",
+                  "spec.rayClusterSpec.workerGroupSpecs[0].template"),
+                 (True, "training", "label gpu-admission.io/workload", "11.8"),
+                 id="kuberay-v1-rayjob-ray-train-labelled-ray-ml-2.7-no-suffix"),
+    pytest.param(("RayCluster", "rl-finetune", "spec.workerGroupSpecs[0].template"),
+                 (True, "training", "label gpu-admission.io/workload", "11.8"),
+                 id="kuberay-v1-raycluster-rl-volcano-batch-scheduler"),
+    pytest.param(("StatefulSet", "lab", "spec.template"),
+                 (True, "notebook", "image quay.io/jupyter/pytorch-notebook:cuda12-python-3.11",
+                  None), id="jupyter-docker-stacks-statefulset"),
 ]
 
 
@@ -156,10 +169,9 @@ def test_a_directory_without_r_reads_only_its_own_files() -> None:
     assert "no .json, .yaml or .yml files in the directory (-R reads its subdirectories)" \
         in top.stderr
     assert "Traceback" not in top.stderr
-    one = run("-f", str(DATA / "serving"), "-o", "json")
+    one = run("-f", str(DATA / "pipelines"), "-o", "json")  # argo.yaml, not training/
     assert one.returncode == 0, one.stderr
-    assert {Path(r["file"]).name for r in json_rows(one.stdout)} == {"kserve.yaml",
-                                                                    "knative-nim.yaml"}
+    assert {r["file"] for r in json_rows(one.stdout)} == {str(DATA / "pipelines" / "argo.yaml")}
 
 
 def test_stdin_is_read_like_a_file(rows: dict[tuple[str, str, str], dict[str, Any]]) -> None:
@@ -423,3 +435,56 @@ async def test_an_update_that_brings_a_new_warning_says_it(server: Server) -> No
     response = await post(server, "/mutate", make_review(UNKNOWN_CUDA, operation="UPDATE",
                                                          old=known))
     assert response["warnings"] == [UNKNOWN_WARNING]
+
+
+# ------------------------------------------------------------------ KubeRay and Jupyter
+def test_a_ray_train_job_without_the_label_is_told_how_to_say_it(
+        rows: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+    """KubeRay never puts a RayJob's labels on pods, so the webhook cannot see that it runs
+    Ray Train; evaluate decides the pod as the webhook will and says how to label it."""
+    worker = rows["RayJob", "train-mnist", "spec.rayClusterSpec.workerGroupSpecs[0].template"]
+    assert worker["hints"] == [
+        "the RayJob's entrypoint runs Ray Train, but spec.rayClusterSpec.workerGroupSpecs[0]"
+        ".template has no gpu-admission.io/workload label: KubeRay never puts the RayJob's "
+        "labels on pods, so the webhook cannot tell; label the template "
+        "gpu-admission.io/workload: training"]
+    assert "hints" not in rows["RayJob", "train-mnist", "spec.rayClusterSpec.headGroupSpec"
+                               ".template"]  # no GPU
+    assert "hints" not in rows["RayJob", "train-labelled",
+                               "spec.rayClusterSpec.workerGroupSpecs[0].template"]
+    rl = rows["RayCluster", "rl-finetune", "spec.workerGroupSpecs[0].template"]
+    assert [(v["rule"], v["mode"]) for v in rl["violations"]] == [("scheduler-name", "warn")]
+    assert op_at(rl["patch"], "/spec/affinity") == AFFINITY_NOT_SHARED
+
+
+NOTEBOOK_PODS = [
+    pytest.param(make_pod(containers=[make_container(
+        image="quay.io/jupyter/pytorch-notebook:cuda12-python-3.11")]), "notebook",
+                 id="jupyter-docker-stacks-quay"),
+    pytest.param(make_pod(containers=[make_container(
+        image="jupyter/tensorflow-notebook:2023-10-20")]), "notebook",
+                 id="jupyter-docker-stacks-docker-hub"),
+    pytest.param(make_pod(containers=[make_container(gpu=None, image="nginx:1.25"),
+                                      make_container(name="lab", image="jupyter/base-notebook")]),
+                 "notebook", id="jupyter-beside-a-sidecar"),
+    pytest.param(make_pod(containers=[make_container(image="jupyter/base-notebook")],
+                          labels={"gpu-admission.io/workload": "training"}), "training",
+                 id="jupyter-label-wins"),
+    pytest.param(make_pod(containers=[make_container(image="quay.io/jupyterhub/k8s-hub:3.0")]),
+                 "inference", id="jupyterhub-hub-is-not-a-notebook-image"),
+]
+
+
+@pytest.mark.parametrize(("pod", "workload"), NOTEBOOK_PODS)
+def test_notebook_images_class_the_pod_in_engine_and_compiled(pod: dict[str, Any],
+                                                             workload: str) -> None:
+    """The engine and the compiled admission policies (the differential oracle) agree."""
+    from gpu_admission.decision import RequestFacts  # noqa: PLC0415
+    from gpu_admission.engine import evaluate  # noqa: PLC0415
+    from gpu_admission.policy.model import default_policy  # noqa: PLC0415
+    from tests.compile_support import check  # noqa: PLC0415
+
+    facts = RequestFacts(namespace="team-a")
+    assert evaluate(pod, facts, default_policy()).workload == workload
+    check("default", pod, facts)
+    check("modes", pod, facts)
