@@ -188,8 +188,11 @@ def analysis(policy: Policy, prog: Program) -> None:
     if compiled.notebook_images:  # engine.classify: a container image of a notebook stack
         starts = " || ".join(f"c.image.startsWith({lit(p)})"
                              for p in compiled.notebook_images)
-        nb = f"object.spec.containers.filter(c, has(c.image) && ({starts}))"
-        chain.append((f"size({nb}) > 0", '"notebook"', f'"image " + {nb}[0].image'))
+        prog.add("notebookImages",
+                 f"object.spec.containers.filter(c, has(c.image) && ({starts}))"
+                 ".map(c, c.image)", "engine.classify: classification.notebookImages")
+        nb = var("notebookImages")
+        chain.append((f"size({nb}) > 0", '"notebook"', f'"image " + {nb}[0]'))
     if compiled.batch_job_workload is not None:  # engine.classify: a batch/v1 Job owner
         is_job = f'r.kind == "Job" && r.apiVersion in {lit(list(BATCH_JOB_API_VERSIONS))}'
         first_job = f"{owners}.filter(r, {is_job})[0]"
