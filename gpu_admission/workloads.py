@@ -847,7 +847,9 @@ def _inference_service(obj: dict[str, Any], spec: dict[str, Any], ns: str,
             containers = ordered + containers
             pod_spec = {**runtime_fields, **pod_spec}
         if not containers:
-            raise WorkloadError(f"{field}: expected a model or containers")
+            if comp == "predictor":
+                raise WorkloadError(f"{field}: expected a model or containers")
+            continue  # e.g. an ``art`` explainer: KServe's configured image, no GPU asked
         pod_spec["containers"] = containers
         labels = {**_str_labels(body.get("labels")), **identity.pod_labels(name, "")}
         labels["component"] = comp

@@ -488,3 +488,81 @@ def test_notebook_images_class_the_pod_in_engine_and_compiled(pod: dict[str, Any
     assert evaluate(pod, facts, default_policy()).workload == workload
     check("default", pod, facts)
     check("modes", pod, facts)
+
+
+# ------------------------------------------------------------------- bad input, exit 2
+def _isvc(predictor: Any) -> dict[str, Any]:
+    return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+            "metadata": {"name": "m", "namespace": "models"}, "spec": {"predictor": predictor}}
+
+
+BAD = [
+    pytest.param(_isvc("x"), "document 1 (InferenceService): spec.predictor: expected a "
+                 "mapping, got str", id="kserve-predictor-not-a-mapping"),
+    pytest.param(_isvc({"minReplicas": 1}), "spec.predictor: expected a model or containers",
+                 id="kserve-predictor-empty"),
+    pytest.param(_isvc({"containers": {"name": "x"}}), "spec.predictor.containers: expected a "
+                 "list", id="kserve-containers-not-a-list"),
+    pytest.param({"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                  "metadata": {"name": "w"}, "spec": {"templates": {"a": 1}}},
+                 "spec.templates: expected a list", id="argo-templates-not-a-list"),
+    pytest.param({"apiVersion": "argoproj.io/v1alpha1", "kind": "CronWorkflow",
+                  "metadata": {"name": "c"}, "spec": {"schedule": "* * * * *"}},
+                 "spec.workflowSpec: expected a mapping", id="argo-cronworkflow-no-spec"),
+    pytest.param({"apiVersion": "kubeflow.org/v1beta1", "kind": "Experiment",
+                  "metadata": {"name": "e"}, "spec": {"trialTemplate": []}},
+                 "spec.trialTemplate: expected a mapping", id="katib-trialtemplate-list"),
+    pytest.param({"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
+                  "metadata": {"name": "s"}, "spec": {"executor": "big"}},
+                 "spec.executor: expected a mapping", id="spark-executor-not-a-mapping"),
+    pytest.param({"apiVersion": "apps.nvidia.com/v1alpha1", "kind": "NIMService",
+                  "metadata": {"name": "n"}, "spec": {"image": "nvcr.io/nim/x:1"}},
+                 "spec.image: expected a mapping", id="nim-image-a-string"),
+]
+
+
+@pytest.mark.parametrize(("doc", "message"), BAD)
+def test_malformed_platform_objects_exit_2_naming_the_field(tmp_path: Path, doc: Any,
+                                                            message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = run("-f", str(path))
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_explainer_built_from_kserve_config_is_not_an_error() -> None:
+    """An ``art`` explainer has no containers in the object (KServe's configured image)."""
+    doc = _isvc({"model": {"modelFormat": {"name": "sklearn"},
+                           "storageUri": "gs://kfserving-examples/models/sklearn/1.0/model"}})
+    doc["spec"]["explainer"] = {"art": {"type": "SquareAttack"}}
+    assert [t.field for t in pod_templates(doc)] == ["spec.predictor"]
+
+
+def test_a_katib_trial_of_a_training_operator_job() -> None:
+    """katib examples/v1beta1/kubeflow-training-operator: trialSpec is a PyTorchJob; its
+    pods are owned and labelled as the training-operator does, and written back in place."""
+    worker = {"replicas": 1, "template": {"spec": {"containers": [make_container(
+        name="pytorch", image="docker.io/kubeflowkatib/pytorch-mnist-gpu:v0.17.0")]}}}
+    exp = {"apiVersion": "kubeflow.org/v1beta1", "kind": "Experiment",
+           "metadata": {"name": "tune", "namespace": "ml"},
+           "spec": {"trialTemplate": {"primaryContainerName": "pytorch", "trialSpec": {
+               "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+               "spec": {"pytorchReplicaSpecs": {"Worker": worker}}}}}}
+    (tpl,) = pod_templates(exp)
+    assert tpl.pointer == "/spec/trialTemplate/trialSpec/spec/pytorchReplicaSpecs/Worker/template"
+    assert tpl.pod["metadata"]["ownerReferences"][0]["kind"] == "PyTorchJob"
+    assert tpl.pod["metadata"]["labels"]["training.kubeflow.org/replica-type"] == "worker"
+    from gpu_admission.decision import RequestFacts  # noqa: PLC0415
+    from gpu_admission.engine import evaluate  # noqa: PLC0415
+    from gpu_admission.patch import apply_ops  # noqa: PLC0415
+    from gpu_admission.policy.model import default_policy  # noqa: PLC0415
+    from gpu_admission.workloads import with_mutated_template  # noqa: PLC0415
+
+    decision = evaluate(tpl.pod, RequestFacts(namespace="ml"), default_policy())
+    assert decision.workload == "training"
+    out = with_mutated_template(exp, tpl, apply_ops(tpl.pod, decision.patch))
+    written = out["spec"]["trialTemplate"]["trialSpec"]["spec"]["pytorchReplicaSpecs"][
+        "Worker"]["template"]["spec"]
+    assert written["affinity"] == AFFINITY_NOT_SHARED
