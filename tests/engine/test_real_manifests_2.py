@@ -104,6 +104,9 @@ CLASSIFIED = [
     pytest.param(("CronWorkflow", "nightly-eval", "spec.workflowSpec.templates[0]"),
                  (True, "training", "label gpu-admission.io/workload", "12.3"),
                  id="argo-v1alpha1-cronworkflow-podMetadata-label"),
+    pytest.param(("WorkflowTemplate", "finetune-step", "spec.templates[0]"),
+                 (True, "training", "label gpu-admission.io/workload", "12.3"),
+                 id="argo-v1alpha1-workflowtemplate-template-metadata-label"),
     pytest.param(("MXJob", "mxnet-gpu", "spec.mxReplicaSpecs.Worker.template"),
                  (True, "training", "owner MXJob/mxnet-gpu", None),
                  id="training-operator-kubeflow-v1-mxjob"),
@@ -566,3 +569,33 @@ def test_a_katib_trial_of_a_training_operator_job() -> None:
     written = out["spec"]["trialTemplate"]["trialSpec"]["spec"]["pytorchReplicaSpecs"][
         "Worker"]["template"]["spec"]
     assert written["affinity"] == AFFINITY_NOT_SHARED
+
+
+def test_kserve_framework_fields_and_cluster_runtimes_in_the_files() -> None:
+    """A predictor framework field (``pytorch:``, v1beta1 PredictorSpec) is a model of that
+    format; a ClusterServingRuntime in the input replaces KServe's defaults; a runtime the
+    model names is used even when it does not auto-select the format."""
+    catalog = RuntimeCatalog()
+    catalog.add({"apiVersion": "serving.kserve.io/v1alpha1", "kind": "ClusterServingRuntime",
+                 "metadata": {"name": "site-torch"},
+                 "spec": {"supportedModelFormats": [{"name": "pytorch", "version": "1",
+                                                     "autoSelect": True}],
+                          "containers": [{"name": "kserve-container",
+                                          "image": "pytorch/torchserve-kfs:0.9.0-gpu"}]}})
+    old_style = _isvc({"pytorch": {"storageUri": "gs://models/mnist",
+                                   "resources": {"limits": {"nvidia.com/gpu": 1}}}})
+    (tpl,) = pod_templates(old_style, None, catalog)
+    assert tpl.runtime == "ClusterServingRuntime site-torch (image pytorch/torchserve-kfs:" \
+        "0.9.0-gpu)"
+    container = tpl.pod["spec"]["containers"][0]
+    assert (container["name"], container["image"]) == ("kserve-container",
+                                                        "pytorch/torchserve-kfs:0.9.0-gpu")
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert tpl.places is not None and tpl.places.containers[0] == "/spec/predictor/pytorch"
+    named = _isvc({"model": {"modelFormat": {"name": "pytorch"}, "runtime": "kserve-tritonserver"}})
+    assert pod_templates(named)[0].runtime.startswith(
+        "KServe's default ClusterServingRuntime kserve-tritonserver")
+    unknown = _isvc({"model": {"modelFormat": {"name": "caffe"}}})
+    (tpl,) = pod_templates(unknown)
+    assert tpl.runtime == ("no ServingRuntime supports model format 'caffe': the pod's image "
+                           "is unknown (add the runtime's file)")
