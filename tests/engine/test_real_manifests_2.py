@@ -599,3 +599,14 @@ def test_kserve_framework_fields_and_cluster_runtimes_in_the_files() -> None:
     (tpl,) = pod_templates(unknown)
     assert tpl.runtime == ("no ServingRuntime supports model format 'caffe': the pod's image "
                            "is unknown (add the runtime's file)")
+
+
+def test_the_compiled_policies_decide_every_controller_pod_alike() -> None:
+    """The compiled admission policies (``gpu-admission compile``, evaluated with cel-python
+    through the API server's steps) decide each non-DRA pod of the corpus as the engine."""
+    from gpu_admission.decision import RequestFacts  # noqa: PLC0415
+    from tests.compile_support import check  # noqa: PLC0415
+
+    for file, pod in controller_pods():
+        if "dra" not in Path(file).parts:
+            check("default", pod, RequestFacts(namespace=pod["metadata"]["namespace"]))
