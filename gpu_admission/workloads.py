@@ -28,7 +28,15 @@ Supported (the apiVersion's group is checked before the kind: a Volcano ``Job`` 
   and ``.workerTemplate``);
 * Kubeflow Notebook (``kubeflow.org``: ``spec.template``; the pod carries the
   ``notebook-name`` label the notebook controller sets, so it is classed ``notebook``);
-* ``List`` (its ``items``).
+* ``List`` (its ``items``);
+* issue 34, pods built from fields (:class:`Places` says where each part is written back):
+  KServe InferenceService (predictor/transformer/explainer; a ``model`` runs the runtime
+  KServe selects, :class:`RuntimeCatalog`) and LLMInferenceService, Argo
+  Workflow/WorkflowTemplate/ClusterWorkflowTemplate/CronWorkflow (container and script
+  templates, ``podSpecPatch``), Katib Experiment (its ``trialSpec``), Spark operator
+  SparkApplication, NVIDIA NIMService; and Knative Service/Configuration, AIBrix
+  RayClusterFleet, Kubeflow MXJob. The facts each operator puts on its pods are one table,
+  :data:`POD_IDENTITY`; the kinds and their sources are listed in docs/workloads.md.
 
 Other kinds have no pod template and are skipped with a note (:func:`skip_reason`); a Kubeflow
 ``TrainJob`` (``trainer.kubeflow.org/v1alpha1``) embeds none: its pods come from the runtime
