@@ -302,13 +302,8 @@ def pod_templates(obj: Any, namespace: str | None = None,
                                  field="spec.template", suffix="", namespace=ns, owner=False,
                                  labels=POD_IDENTITY[group, "Service"].pod_labels(
                                      str(meta.get("name", "")), kind))
-        # Knative's defaulting names an unnamed container "user-container" (the only one) or
-        # "user-container-<i>" (pkg/apis/serving/v1/revision_defaults.go)
-        containers = knative.pod["spec"]["containers"]
-        named = [c if c.get("name") else {**c, "name": "user-container" if len(containers) == 1
-                                          else f"user-container-{i}"}
-                 for i, c in enumerate(containers)]
-        knative.pod["spec"] = {**knative.pod["spec"], "containers": named}
+        knative.pod["spec"] = {**knative.pod["spec"], "containers": _knative_names(
+            knative.pod["spec"]["containers"], knative.pod["spec"].get("initContainers"))}
         return [knative]
     if group == "leaderworkerset.x-k8s.io" and kind == "LeaderWorkerSet":
         return _lws(obj, _require_dict(spec, "spec"), ns)
@@ -341,6 +336,28 @@ def pod_templates(obj: Any, namespace: str | None = None,
                     field=f"{field}.template", suffix=str(rtype), namespace=ns, owner=True,
                     labels=identity.pod_labels(str(meta.get("name", "")), kind, str(rtype))
                     if identity is not None else None))
+    return out
+
+
+def _knative_names(containers: list[Any], init: Any) -> list[Any]:
+    """Knative's defaulting of unnamed containers (knative/serving pkg/apis/serving/v1
+    revision_defaults.go ``applyDefaultContainerNames``): ``user-container`` when it is the
+    only one, else ``user-container-<n>`` with n counting up from 0 past names in use."""
+    used = {c.get("name") for c in [*containers, *(init if isinstance(init, list) else ())]
+            if isinstance(c, dict)}
+    out, suffix = [], 0
+    for c in containers:
+        if not isinstance(c, dict) or c.get("name"):
+            out.append(c)
+            continue
+        name = "user-container"
+        if len(containers) > 1 or name in used:
+            while True:
+                name = f"user-container-{suffix}"
+                suffix += 1
+                if name not in used:
+                    break
+        out.append({**c, "name": name})
     return out
 
 

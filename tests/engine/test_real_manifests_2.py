@@ -610,3 +610,21 @@ def test_the_compiled_policies_decide_every_controller_pod_alike() -> None:
     for file, pod in controller_pods():
         if "dra" not in Path(file).parts:
             check("default", pod, RequestFacts(namespace=pod["metadata"]["namespace"]))
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    pytest.param([None], ["user-container"], id="knative-one-unnamed"),
+    pytest.param([None, "sidecar", None], ["user-container-0", "sidecar", "user-container-1"],
+                 id="knative-multi-container-suffixes"),
+    pytest.param([None, "user-container-0"], ["user-container-1", "user-container-0"],
+                 id="knative-suffix-skips-a-name-in-use"),
+])
+def test_knative_names_unnamed_containers_as_its_defaulting_does(
+        names: list[str | None], expected: list[str]) -> None:
+    containers = [{"image": "nvcr.io/nvidia/pytorch:24.01-py3"} if n is None
+                  else {"name": n, "image": "busybox"} for n in names]
+    ksvc = {"apiVersion": "serving.knative.dev/v1", "kind": "Service",
+            "metadata": {"name": "s", "namespace": "serving"},
+            "spec": {"template": {"spec": {"containers": containers}}}}
+    (tpl,) = pod_templates(ksvc)
+    assert [c["name"] for c in tpl.pod["spec"]["containers"]] == expected
