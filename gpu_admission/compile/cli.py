@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from gpu_admission.cli_options import aliases
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 
 from .compiler import CompileFailure, compile_policy, webhook_policy
@@ -185,10 +186,11 @@ def _webhook(name: str, path: str, rule: dict[str, Any], *, reinvoke: bool) -> d
     return webhook
 
 
-@click.command(name="compile")
+@click.command(name="compile", short_help="Compile the policy into admission policies.")
 @click.option("--policy", "policy_path", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="GPUSharingPolicy file (default: the built-in policy).")
-@click.option("-o", "--output", default="-", show_default=True, metavar="FILE|-",
+@aliases("output", "--out", "-o", "--output")
+@click.option("--out", "output", default="-", show_default=True, metavar="FILE|-",
               help="Where to write the YAML stream ('-': stdout).")
 @click.option("--partial", is_flag=True,
               help="Compile what CEL can express; keep the other rules with the webhook "
@@ -203,7 +205,8 @@ def _webhook(name: str, path: str, rule: dict[str, Any], *, reinvoke: bool) -> d
               help="With --guard: compare the guard objects installed in the cluster with "
                    "this policy's (names and gpu-admission.io/guard-digest); exit 1 on drift.")
 @click.option("--kubeconfig", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="With --check: kubeconfig (default: in-cluster, then $KUBECONFIG).")
+              help="With --check: kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                   "then in-cluster).")
 @click.option("--context", default=None, help="With --check: kubeconfig context.")
 def compile_command(*, policy_path: Path | None, output: str, partial: bool, guard: bool,
                     helm_template: bool, check: bool, kubeconfig: Path | None,
