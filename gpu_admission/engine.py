@@ -169,9 +169,12 @@ def _scan(spec: Mapping[str, Any], fractional: bool,
 
 
 def classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
-             compiled: Compiled, default: str) -> tuple[str, str, str | None]:
-    """(class, reason, invalid label value) -- label, then training owner/labels, notebook,
-    then a batch/v1 Job owner (``spec.classification.batchJobWorkload``), then the default."""
+             compiled: Compiled, default: str,
+             spec: Mapping[str, Any] | None = None) -> tuple[str, str, str | None]:
+    """(class, reason, invalid label value) -- label, then training owner/labels, notebook
+    labels, a notebook image (``classification.notebookImages``: a container of ``spec``
+    whose image starts with one), then a batch/v1 Job owner
+    (``spec.classification.batchJobWorkload``), then the default."""
     bad: str | None = None
     value = labels.get(WORKLOAD_LABEL)
     if value is not None:
@@ -190,6 +193,12 @@ def classify(meta: Mapping[str, Any], labels: Mapping[str, Any],
     for key in compiled.notebook_labels:
         if key in labels:
             return "notebook", f"label {key}", bad
+    if spec is not None and compiled.notebook_images:
+        containers = spec.get("containers")
+        for container in containers if isinstance(containers, list) else ():
+            image = container.get("image") if isinstance(container, dict) else None
+            if isinstance(image, str) and image.startswith(compiled.notebook_images):
+                return "notebook", f"image {image}", bad
     if compiled.batch_job_workload is not None and isinstance(owners, list):
         for ref in owners:
             if (isinstance(ref, dict) and ref.get("kind") == "Job"
@@ -398,7 +407,7 @@ def analyse_gpu_pod(pod: Mapping[str, Any], policy: Policy) -> GpuPod | None:
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
     workload, _, _ = classify(meta, labels, compiled,
-                              policy.spec.classification.default_workload)
+                              policy.spec.classification.default_workload, spec)
     cuda_version = _cuda(labels, gcs, compiled.image_cuda)[0]
     node_selector = spec.get("nodeSelector")
     node_selector = node_selector if isinstance(node_selector, dict) else _EMPTY
@@ -478,7 +487,7 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
     workload, workload_reason, bad_label = classify(
-        meta, labels, compiled, policy.spec.classification.default_workload)
+        meta, labels, compiled, policy.spec.classification.default_workload, spec)
     cuda_version, cuda_source, conflict, cuda_invalid = _cuda(labels, gcs, compiled.image_cuda)
 
     exempt = exemption(facts, compiled)
@@ -571,7 +580,7 @@ def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mappi
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
     workload, reason, _ = classify(meta, labels, compiled,
-                                   policy.spec.classification.default_workload)
+                                   policy.spec.classification.default_workload, spec)
     exempt = exemption(facts, compiled)
     if exempt:
         return Decision(allowed=True, gpu=True, workload=workload, workload_reason=reason,

@@ -16,6 +16,15 @@ the document and the field).
 ``-o yaml`` prints the same objects as a multi-document YAML stream, each with ``mutated``: the
 object with every pod template's patch applied (denied pods are not patched).
 
+``-o manifest`` prints every object read, in order, each with its pod templates' patches
+applied (denied pods are not patched): a YAML stream ready for ``kubectl apply -f -``, as
+``kyverno apply`` prints mutated resources. Denials and warnings go to stderr.
+
+``-f`` takes files, ``-`` (stdin) and directories (their ``.json``/``.yaml``/``.yml`` files;
+with ``-R`` their subdirectories' too), as ``kubectl apply -f`` does. KServe runtimes
+(ServingRuntime, ClusterServingRuntime) anywhere in the input serve the InferenceServices;
+``runtime`` (JSON/YAML) and a ``runtime:`` line (text) say which one a pod runs.
+
 DRA (docs/dra.md): DeviceClasses, ResourceClaimTemplates and ResourceClaims in the files (and,
 with ``--kubeconfig``, listed from a cluster) form the snapshot DRA pods are decided against; each
 claim and template also gets a row of its own (the claim rule set, ``template`` "").
@@ -38,14 +47,15 @@ import yaml
 from gpu_admission.cli_options import kubeconfig_option
 from gpu_admission.decision import Decision, RequestFacts
 from gpu_admission.dra.model import DraSourceError
-from gpu_admission.dra.offline import OfflineDra, is_dra_object
+from gpu_admission.dra.offline import OfflineDra, is_compute_domain, is_dra_object
 from gpu_admission.engine import evaluate as evaluate_pod
-from gpu_admission.manifests import InputError, read_documents
+from gpu_admission.manifests import InputError, expand_paths, read_documents
 from gpu_admission.patch import apply_ops
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.rules.gpu_access import EPHEMERAL_SUBRESOURCE
 from gpu_admission.workloads import (
     PodTemplate,
+    RuntimeCatalog,
     WorkloadError,
     pod_templates,
     skip_reason,
@@ -82,6 +92,9 @@ def _result(name: str, index: int, obj: dict[str, Any], tpl: PodTemplate,
         "warnings": list(decision.warnings),
         "patch": [dict(op) for op in decision.patch],
         "changes": list(decision.changes),
+        **({"runtime": tpl.runtime} if tpl.runtime else {}),
+        **({"unread": list(tpl.notes)} if tpl.notes else {}),
+        **({"hints": list(tpl.hints)} if tpl.hints else {}),
     }
 
 
@@ -98,14 +111,23 @@ def _text(result: dict[str, Any], label: str) -> str:
             return "\n".join(lines)
         lines.append("  not a GPU pod: GPU-access guard only")
     else:
+        if result.get("runtime"):
+            lines.append(f"  runtime: {result['runtime']}")
         lines.append(f"  workload: {result['workload']} ({result['workloadReason']})")
         cuda = result["cudaVersion"] or "unknown"
         lines.append(f"  cuda: {cuda}"
                      + (f" ({result['cudaSource']})" if result["cudaSource"] else ""))
+    said = set()
     for v in result["violations"]:
         lines.append(f"  {v['mode']:<7} [{v['rule']}] {v['path']}: {v['message']}")
-    for w in result["warnings"]:
-        lines.append(f"  warning: {w}")
+        said.add(f"{v['rule']}:")
+    for w in result["warnings"]:  # a warn violation's warning is the line above: once
+        if w.split(" ", 1)[0] not in said:
+            lines.append(f"  warning: {w}")
+    for note in result.get("unread", ()):
+        lines.append(f"  unread: {note}")
+    for hint in result.get("hints", ()):
+        lines.append(f"  hint: {hint}")
     if result["patch"]:
         lines.append("  patch:")
         for op in result["patch"]:
@@ -130,7 +152,10 @@ def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
 
 @click.command(name="evaluate", short_help="Decide pods and workloads offline.")
 @click.option("-f", "--filename", "filenames", multiple=True, required=True,
-              metavar="FILE", help="YAML/JSON file (multi-document ok); '-' reads stdin.")
+              metavar="FILE|DIR", help="YAML/JSON file (multi-document ok), directory (its "
+                                       ".json/.yaml/.yml files), or '-' (stdin).")
+@click.option("-R", "--recursive", is_flag=True,
+              help="Read the subdirectories of -f directories too (as kubectl -R).")
 @click.option("--policy", "policy_path", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="GPUSharingPolicy file (default: the built-in policy).")
 @click.option("-n", "--namespace", default=None,
@@ -141,8 +166,9 @@ def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
               show_default=True, help="Admission operation to simulate.")
 @click.option("--stage", type=click.Choice(["mutate", "validate"]), default="mutate",
               show_default=True, help="mutate: the mutating webhook; validate: re-check only.")
-@click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text",
-              show_default=True)
+@click.option("-o", "--output", type=click.Choice(["text", "json", "yaml", "manifest"]),
+              default="text", show_default=True,
+              help="manifest: the mutated objects as YAML for `kubectl apply -f -`.")
 @kubeconfig_option("--cluster",
                    help="Also read DeviceClasses, ResourceClaimTemplates, ResourceClaims and "
                         "the pods naming claims from this cluster (read only) to decide DRA "
@@ -153,7 +179,8 @@ def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
 @click.option("--debug-container", "ephemeral", is_flag=True,
               help="Simulate `kubectl debug`: each Pod is the UPDATE of pods/ephemeralcontainers "
                    "that adds its last ephemeral container (docs/guard.md).")
-def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace: str | None,
+def evaluate(*, filenames: tuple[str, ...], recursive: bool, policy_path: Path | None,
+             namespace: str | None,
              user: str, groups: tuple[str, ...], operation: str, stage: str,
              output: str, kubeconfig: str | None, compiled: bool, ephemeral: bool) -> None:
     """Evaluate Pods and workloads' pod templates offline against the GPU sharing policy.
@@ -181,6 +208,7 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
 
     # Parse and check every input before printing anything, so exit 2 means "nothing evaluated".
     jobs: list[tuple[str, int, dict[str, Any], list[PodTemplate]]] = []
+    every: list[tuple[str, int, Any]] = []  # every object read, in order (-o manifest)
     dra = OfflineDra()  # DeviceClasses, claims, templates: docs/dra.md
     if kubeconfig is not None:
         try:
@@ -189,27 +217,43 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
             dra.load_cluster(list_objects(kubeconfig))
         except DraSourceError as exc:
             raise InputError(f"--kubeconfig: {exc}") from None
-    for name in filenames:
-        for index, doc in enumerate(read_documents(name), start=1):
-            try:
-                if is_dra_object(doc):
-                    claim = dra.take(doc, namespace)
-                    if claim is not None:
-                        jobs.append((name, index, doc, [claim]))
-                    continue
-                templates = pod_templates(doc, namespace)
-                dra.add_pods(doc, templates)
-            except WorkloadError as exc:
-                kind = doc.get("kind") if isinstance(doc, dict) else None
-                where = f"document {index} ({kind})" if isinstance(kind, str) and kind else (
-                    f"document {index}")
-                raise InputError(f"{name}: {where}: {exc}") from None
-            if templates:
-                jobs.append((name, index, doc, templates))
-            else:
-                why = skip_reason(doc)
-                click.echo(f"{name}: document {index}: skipped {doc.get('kind')} "
-                           f"(no pod template{': ' + why if why else ''})", err=True)
+    for name in expand_paths(filenames, recursive):
+        every.extend((name, index, doc)
+                     for index, doc in enumerate(read_documents(name), start=1))
+    catalog = RuntimeCatalog()  # KServe runtimes, for the InferenceServices of any file
+    for _, _, doc in every:
+        catalog.add(doc, namespace)
+    for name, index, doc in every:
+        try:
+            if catalog.is_runtime(doc):
+                click.echo(f"{name}: document {index}: {doc.get('kind')} read as a KServe "
+                           "runtime: its pods are the InferenceServices' that select it",
+                           err=True)
+                continue
+            if is_compute_domain(doc):
+                if dra.add_compute_domain(doc, namespace):
+                    click.echo(f"{name}: document {index}: ComputeDomain: its IMEX channel "
+                               "ResourceClaimTemplate is read as the driver creates it (not a "
+                               "GPU)", err=True)
+                continue
+            if is_dra_object(doc):
+                claim = dra.take(doc, namespace)
+                if claim is not None:
+                    jobs.append((name, index, doc, [claim]))
+                continue
+            templates = pod_templates(doc, namespace, catalog)
+            dra.add_pods(doc, templates)
+        except WorkloadError as exc:
+            kind = doc.get("kind") if isinstance(doc, dict) else None
+            where = f"document {index} ({kind})" if isinstance(kind, str) and kind else (
+                f"document {index}")
+            raise InputError(f"{name}: {where}: {exc}") from None
+        if templates:
+            jobs.append((name, index, doc, templates))
+        else:
+            why = skip_reason(doc)
+            click.echo(f"{name}: document {index}: skipped {doc.get('kind')} "
+                       f"(no pod template{': ' + why if why else ''})", err=True)
     if not jobs:
         raise InputError("no Pod or workload with a pod template in the input")
     if ephemeral:  # every pod must name the container it adds, before anything is printed
@@ -219,6 +263,7 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
 
     denied = False
     yaml_docs: list[dict[str, Any]] = []
+    manifests: dict[tuple[str, int], Any] = {}
     for name, index, doc, templates in jobs:
         mutated = doc
         results = []
@@ -229,7 +274,8 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
             facts = RequestFacts(namespace=tpl.pod["metadata"]["namespace"], user=user,
                                  groups=tuple(groups),
                                  stage="validate" if stage == "validate" else "mutate",
-                                 uid=offline_uid(name, index, tpl.pointer), **request)
+                                 uid=offline_uid(name, index, tpl.pointer or tpl.field),
+                                 **request)
             if compiled_policy is not None and not dra.is_claim(tpl):
                 decision = compiled_policy.decide(tpl.pod, facts, dra.snapshot_for(tpl))
             else:
@@ -238,15 +284,21 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
             denied = denied or not decision.allowed
             result = _result(name, index, doc, tpl, decision)
             results.append(result)
-            if output == "yaml" and decision.patch:
+            if output in ("yaml", "manifest") and decision.patch and not dra.is_claim(tpl):
                 mutated = with_mutated_template(mutated, tpl, apply_ops(tpl.pod, decision.patch))
             if output == "json":
                 click.echo(orjson.dumps(result).decode())
             elif output == "text":
                 click.echo(_text(result, tpl.label))
+            elif output == "manifest" and (result["violations"] or result.get("unread")):
+                click.echo(_text(result, tpl.label), err=True)  # stdout is the manifest
         if output == "yaml":
             for result in results:
                 yaml_docs.append({**result, "mutated": mutated})
+        manifests[name, index] = mutated
     if output == "yaml":
         click.echo(yaml.dump_all(yaml_docs, Dumper=_NoAliasDumper, sort_keys=False), nl=False)
+    elif output == "manifest":
+        objects = [manifests.get((name, index), doc) for name, index, doc in every]
+        click.echo(yaml.dump_all(objects, Dumper=_NoAliasDumper, sort_keys=False), nl=False)
     sys.exit(1 if denied else 0)

@@ -21,6 +21,32 @@ class InputError(click.ClickException):
     exit_code = 2
 
 
+#: The file extensions ``kubectl apply -f DIR`` reads in a directory (k8s.io/cli-runtime
+#: pkg/resource/visitor.go ``FileExtensions``).
+MANIFEST_EXTENSIONS = (".json", ".yaml", ".yml")
+
+
+def expand_paths(names: tuple[str, ...] | list[str], recursive: bool = False) -> list[str]:
+    """Each ``-f`` argument as the files it names, as kubectl does: a file as itself (any
+    extension), ``-`` as stdin, a directory as its ``.json``/``.yaml``/``.yml`` files in
+    name order (and its subdirectories' with ``recursive``, ``-R``). A directory without any
+    is an :class:`InputError`, like a missing path."""
+    out: list[str] = []
+    for name in names:
+        path = Path(name)
+        if name == "-" or not path.is_dir():
+            out.append(name)
+            continue
+        pattern = "**/*" if recursive else "*"
+        found = sorted(str(p) for p in path.glob(pattern)
+                       if p.is_file() and p.suffix in MANIFEST_EXTENSIONS)
+        if not found:
+            raise InputError(f"{name}: no .json, .yaml or .yml files in the directory"
+                             + ("" if recursive else " (-R reads its subdirectories)"))
+        out.extend(found)
+    return out
+
+
 def read_documents(name: str) -> list[Any]:
     """The documents of one YAML/JSON file (``-``: stdin), ``kind: List`` items expanded;
     :class:`InputError` naming the file and what is wrong when it cannot be read or parsed."""

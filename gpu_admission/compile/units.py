@@ -185,6 +185,14 @@ def analysis(policy: Policy, prog: Program) -> None:
              (by_prefix, '"training"', f'"label " + {first_prefix}')]
     chain += [(f"{lit(key)} in {labels}", '"notebook"', lit(f"label {key}"))
               for key in compiled.notebook_labels]
+    if compiled.notebook_images:  # engine.classify: a container image of a notebook stack
+        starts = " || ".join(f"c.image.startsWith({lit(p)})"
+                             for p in compiled.notebook_images)
+        prog.add("notebookImages",
+                 f"object.spec.containers.filter(c, has(c.image) && ({starts}))"
+                 ".map(c, c.image)", "engine.classify: classification.notebookImages")
+        nb = var("notebookImages")
+        chain.append((f"size({nb}) > 0", '"notebook"', f'"image " + {nb}[0]'))
     if compiled.batch_job_workload is not None:  # engine.classify: a batch/v1 Job owner
         is_job = f'r.kind == "Job" && r.apiVersion in {lit(list(BATCH_JOB_API_VERSIONS))}'
         first_job = f"{owners}.filter(r, {is_job})[0]"

@@ -24,6 +24,38 @@ from gpu_admission.workloads import PodTemplate, WorkloadError
 _REPLICATED = frozenset({"Deployment", "StatefulSet", "ReplicaSet", "ReplicationController"})
 
 
+#: NVIDIA DRA driver: the DeviceClass of a ComputeDomain's IMEX channels (not a GPU class).
+IMEX_CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
+
+
+def is_compute_domain(doc: Any) -> bool:
+    """An NVIDIA DRA driver ``ComputeDomain`` (``resource.nvidia.com/v1beta1``)."""
+    return isinstance(doc, dict) and doc.get("kind") == "ComputeDomain" and str(
+        doc.get("apiVersion", "")).startswith("resource.nvidia.com/")
+
+
+def compute_domain_template(doc: dict[str, Any], namespace: str | None) -> dict[str, Any] | None:
+    """The ResourceClaimTemplate the driver's ComputeDomain controller creates for
+    ``spec.channel.resourceClaimTemplate.name`` in the domain's namespace: one request for an
+    IMEX channel of DeviceClass ``compute-domain-default-channel.nvidia.com`` (NVIDIA
+    k8s-dra-driver-gpu ``api/nvidia.com/resource/v1beta1/computedomain.go``,
+    ``cmd/compute-domain-controller/resourceclaimtemplate.go``; ``dra-gpus.md`` §3.1). Not a
+    GPU: pods naming it get their GPUs elsewhere (``nvidia.com/gpu``). None when the domain
+    names no channel template."""
+    spec = doc.get("spec")
+    channel = spec.get("channel") if isinstance(spec, dict) else None
+    rct = channel.get("resourceClaimTemplate") if isinstance(channel, dict) else None
+    name = rct.get("name") if isinstance(rct, dict) else None
+    if not isinstance(name, str) or not name:
+        return None
+    meta: dict[str, Any] = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
+    ns = namespace or str(meta.get("namespace") or "default")
+    return {"apiVersion": "resource.k8s.io/v1", "kind": TEMPLATE,
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "channel", "exactly": {"deviceClassName": IMEX_CHANNEL_CLASS}}]}}}}
+
+
 def is_dra_object(doc: Any) -> bool:
     return isinstance(doc, dict) and doc.get("kind") in KINDS and str(
         doc.get("apiVersion", "")).startswith("resource.k8s.io/")
@@ -54,6 +86,16 @@ class OfflineDra:
             return None
         ns = obj["metadata"]["namespace"]
         return PodTemplate(pod=obj, pointer="", field="", label=f"{kind} {ns}/{meta['name']}")
+
+    def add_compute_domain(self, doc: dict[str, Any], namespace: str | None) -> bool:
+        """Store the channel template a ComputeDomain makes the driver create (True when
+        there is one), as the webhook's cache would hold it once created."""
+        template = compute_domain_template(doc, namespace)
+        if template is None:
+            return False
+        self.objects[TEMPLATE].append(template)
+        self._snapshot = None
+        return True
 
     def add_pods(self, doc: Mapping[str, Any], templates: list[PodTemplate]) -> None:
         """Count the claims each pod template names (``replicas`` times when replicated)."""

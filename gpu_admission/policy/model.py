@@ -287,12 +287,18 @@ class Classification(_Model):
     default_workload: WorkloadClass = Field(default="inference", alias="defaultWorkload")
     training_owner_kinds: list[StrictStr] = Field(
         default_factory=lambda: ["PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob",
-                                 "JAXJob", "TrainJob"], alias="trainingOwnerKinds")
+                                 "JAXJob", "MXJob", "TrainJob"], alias="trainingOwnerKinds")
     training_label_prefixes: list[StrictStr] = Field(
         default_factory=lambda: ["training.kubeflow.org/", "trainer.kubeflow.org/"],
         alias="trainingLabelPrefixes")
     notebook_labels: list[StrictStr] = Field(default_factory=lambda: ["notebook-name"],
                                              alias="notebookLabels")
+    # Image repositories (prefixes of the image reference) whose pods are notebooks: the
+    # Jupyter Docker Stacks images, on quay.io/jupyter since 2023-10-20 and on Docker Hub
+    # (jupyter/...) before (jupyter-docker-stacks.readthedocs.io, "Selecting an Image").
+    notebook_images: list[StrictStr] = Field(
+        default_factory=lambda: ["quay.io/jupyter/", "jupyter/", "docker.io/jupyter/"],
+        alias="notebookImages")
     # The class of a GPU pod owned by a batch/v1 Job (CronJobs create Jobs) that nothing else
     # classifies; null: such pods take ``defaultWorkload``. Training by default: misclassing
     # a batch job as training only costs it a dedicated GPU, misclassing training as
@@ -525,6 +531,7 @@ class Compiled:
     training_kinds: frozenset[str]
     training_prefixes: tuple[str, ...]
     notebook_labels: tuple[str, ...]
+    notebook_images: tuple[str, ...]
     pools: tuple[NodePool, ...]
     pool_selectors: tuple[tuple[NodePool, tuple[tuple[str, str], ...]], ...]
     # pools whose selector has a label besides gpu-admission.io/cuda-version (explicit choice)
@@ -566,6 +573,7 @@ class Policy(_Model):
             training_kinds=frozenset(spec.classification.training_owner_kinds),
             training_prefixes=tuple(spec.classification.training_label_prefixes),
             notebook_labels=tuple(spec.classification.notebook_labels),
+            notebook_images=tuple(spec.classification.notebook_images),
             pools=tuple(spec.node_pools),
             pool_selectors=selectors,
             explicit_pools=tuple(s for s in selectors

@@ -34,6 +34,7 @@ from gpu_admission.rules.memory import (
     MemoryLimit,
     Wanted,
     memory_share,
+    shares_a_gpu,
     wanted_env,
 )
 
@@ -86,8 +87,14 @@ class DraRules:
             return
         training = ctx.workload == "training"
         mode = unknown_mode(ctx)
-        limits_set = not training and any(
-            gc.dra is not None and not gc.mig and gc.dra.shared for gc in ctx.gpu_containers)
+        # memory variables this pod gets anyway: on a shared DRA claim (below), or from the
+        # memory-limit rule for its device-plugin GPUs (e.g. whole nvidia.com/gpu beside an
+        # unknown claim), so the message must not say "no memory limits set"
+        plugin_limits = shares_a_gpu(ctx.workload, ctx.mig, ctx.pool) and any(
+            gc.dra is None and gc.other is None and not gc.fractional
+            for gc in ctx.gpu_containers)
+        limits_set = not training and (plugin_limits or any(
+            gc.dra is not None and not gc.mig and gc.dra.shared for gc in ctx.gpu_containers))
         for path, what in dra.unresolved:
             ctx.violations.append(Violation(UNKNOWN, path, unknown_message(
                 what, training, offline=dra.offline, limits_set=limits_set), mode))

@@ -50,8 +50,9 @@ from structlog.typing import FilteringBoundLogger
 from gpu_admission.auditlog.record import audit_annotations, decision_record
 from gpu_admission.auditlog.writer import DecisionLog
 from gpu_admission.certs import not_after
-from gpu_admission.decision import Decision, Stage
+from gpu_admission.decision import Decision, RequestFacts, Stage
 from gpu_admission.dra.claims import evaluate_claim, is_claim_kind
+from gpu_admission.dra.model import DraSnapshot
 from gpu_admission.engine import evaluate
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.server.config import ServerConfig
@@ -336,7 +337,8 @@ def _decide(review: Review, state: ServerState,
     try:
         decision = (evaluate_claim(review.obj, review.kind, facts, policy, dra) if claim
                     else evaluate(review.obj, facts, policy, dra))
-        body = _render(review, decision, effective)
+        body = _render(review, decision, effective,
+                       _new_warnings(review, decision, stage, facts, policy=policy, dra=dra))
         record = None if state.decision_log is None else decision_record(
             decision=decision, facts=facts, pod=review.obj, uid=review.uid,
             policy_digest=digest, instance=state.config.instance)
@@ -363,7 +365,25 @@ def _decide(review: Review, state: ServerState,
     return _review_response(body[0]), fields
 
 
-def _render(review: Review, decision: Decision, stage: Stage) -> tuple[bytes, bool]:
+def _new_warnings(review: Review, decision: Decision, stage: Stage, facts: RequestFacts, *,
+                  policy: Policy, dra: DraSnapshot | None) -> tuple[str, ...]:
+    """The warnings to send: said once per decision, by the stage that decides it (issue
+    34). The validating webhook re-checks what the mutating one decided and said, so it says
+    nothing; an UPDATE (``kubectl label pod``) says only what the old pod did not already
+    get (a pod decided at creation is not warned again for fields the webhook does not
+    judge). Denials are never affected (they travel in the status)."""
+    if not decision.warnings or review.is_ephemeral:
+        return decision.warnings
+    if stage == "validate":
+        return ()
+    if review.operation == "UPDATE" and isinstance(review.old, dict):
+        before = evaluate(review.old, facts, policy, dra).warnings
+        return tuple(w for w in decision.warnings if w not in before)
+    return decision.warnings
+
+
+def _render(review: Review, decision: Decision, stage: Stage,
+            warnings: tuple[str, ...]) -> tuple[bytes, bool]:
     """The reply bytes and whether a patch was sent."""
     patch = decision.patch if (decision.allowed and stage == "mutate" and (
         review.operation == "CREATE" or review.is_ephemeral)) else ()
@@ -372,7 +392,7 @@ def _render(review: Review, decision: Decision, stage: Stage) -> tuple[bytes, bo
         message = decision.denial_message() or "denied by the gpu-admission policy"
         status = denial_status(403, message, "Forbidden")
     body = encode_response(review.api_version, review.uid, allowed=decision.allowed,
-                           patch=patch, warnings=sanitize_warnings(decision.warnings),
+                           patch=patch, warnings=sanitize_warnings(warnings),
                            audit_annotations=audit_annotations(decision), status=status)
     return body, bool(patch)
 

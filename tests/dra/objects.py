@@ -128,6 +128,9 @@ def dra_pod(name: str, labels: dict[str, str], *, template_name: str | None = No
             "spec": spec}
 
 
+IMEX_CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
+
+
 def cluster() -> list[dict[str, Any]]:
     """The objects of the DRA test cluster: NVIDIA's classes, a site class with a
     TimeSlicing config, templates and claims, and a pod already using ``shared-claim``."""
@@ -146,4 +149,7 @@ def cluster() -> list[dict[str, Any]]:
         claim("shared-claim"),
         claim("solo-claim"),
         dra_pod("other-user", INFERENCE, claim_name="shared-claim"),
+        # the IMEX channel template NVIDIA's ComputeDomain controller creates (issue 34):
+        # DeviceClass compute-domain-default-channel.nvidia.com, not a GPU
+        template("imex-channel", request("channel", IMEX_CHANNEL_CLASS)),
     ])

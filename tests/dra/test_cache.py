@@ -109,7 +109,7 @@ async def test_not_ready_until_the_first_list_completes(tmp_path: Path) -> None:
         assert status == 200
         assert await metric(server, "gpu_admission_dra_cache_synced") == 1
         assert await metric(server, "gpu_admission_dra_cache_objects",
-                            resource="resourceclaimtemplates") == 6
+                            resource="resourceclaimtemplates") == 7
         response = await decide(server, dra_pod("t", TRAINING, template_name="dedicated"))
         assert response["allowed"] is True
 

@@ -121,6 +121,14 @@ CASES = [
          mem={0: "16000"}),
     Case("training-nvidia-gpu-extended-resource-dedicated",
          dra_pod("t-nvgpu", TRAINING, limits={"nvidia.com/gpu": 1}), True, mem={0: None}),
+    # issue 34: an IMEX channel (NVIDIA DRA driver ComputeDomain) is not a GPU claim: the
+    # pod's GPUs are its whole nvidia.com/gpu
+    Case("training-imex-channel-beside-nvidia-gpu-computedomain",
+         dra_pod("t-imex", TRAINING, template_name="imex-channel",
+                 limits={"nvidia.com/gpu": 4}), True, mem={0: None}),
+    Case("inference-imex-channel-beside-nvidia-gpu-computedomain",
+         dra_pod("i-imex", INFERENCE, template_name="imex-channel",
+                 limits={"nvidia.com/gpu": 1}), True, mem={0: "16000"}),
     Case("training-unknown-template", dra_pod("t-unknown", TRAINING, template_name="nope"),
          False, [("dra-reference-unknown", "spec.resourceClaims[0]", "enforce")],
          # offline: "not in the files given to evaluate", webhook: "retry" (tests below)

@@ -238,4 +238,5 @@ def test_console_script_is_wired() -> None:
     proc = subprocess.run([sys.executable, "-m", "gpu_admission", "evaluate", "--help"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0
-    assert "-o, --output [text|json|yaml]" in proc.stdout
+    assert "-o, --output [text|json|yaml|manifest]" in proc.stdout
+    assert "-R, --recursive" in proc.stdout
