@@ -62,6 +62,10 @@ CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 FRACTION_VARS: Final = frozenset({"GPU_MEMORY_FRACTION", "XLA_CLIENT_MEM_FRACTION",
                                   "XLA_PYTHON_CLIENT_MEM_FRACTION"})
 
+#: How a pod that needs more than a share gets it (issue 33: a denial names the way out).
+WAY_OUT: Final = ("lower it or drop it to take the cap, or run on a dedicated GPU: "
+                  "nodeSelector nvidia.com/gpu.sharing-strategy: none (GFD), or a "
+                  "spec.nodePools pool with sharing: none that the pod selects")
 _HAMI_PER_DEVICE = re.compile(r"^CUDA_DEVICE_MEMORY_LIMIT_[0-9]+$")
 # "<dev>=<size>" with size like 4096M, 4G, 512MB, 1GiB (binary units; bare number = MiB).
 _MPS_ENTRY = re.compile(r"^\s*(\d+)\s*=\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -241,7 +245,7 @@ class MemoryLimit:
                         continue  # a limit at or below the allowed one: keep it
                     ctx.violate(LIMIT, f"{gc.path}.env[{i}]",
                                 f"{name}={current[:20]!r} exceeds the GPU memory allowed on a "
-                                f"shared GPU ({source}): must be {expected}"
+                                f"shared GPU ({source}): must be {expected}; {WAY_OUT}"
                                 if verdict is False else
                                 f"{name}={current[:20]!r} is not a valid value; expected "
                                 f"{expected} ({source})")
