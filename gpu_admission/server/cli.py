@@ -74,6 +74,10 @@ _file = click.Path(dir_okay=False, path_type=Path)
               "ResourceClaims and pods to judge DRA GPU pods (docs/dra.md): 'in-cluster' "
               "(the pod's ServiceAccount) or a kubeconfig file. Default: no cache, DRA "
               "references are reported as unknown.")
+@click.option("--node-watch", "node_source", default=None, metavar="in-cluster|KUBECONFIG",
+              help="Watch Nodes (labels, GPU allocatable) to learn which GPUs are shared from "
+              "GPU Feature Discovery's labels (docs/pools.md): 'in-cluster' or a kubeconfig. "
+              "Default: none, the policy's declared pools are assumed.")
 @click.option("--log-level", type=click.Choice(LEVELS), default="info", show_default=True)
 def serve(  # noqa: PLR0917 (click passes every option)
           policy_path: Path | None, tls_cert: Path | None, tls_key: Path | None,
@@ -81,7 +85,7 @@ def serve(  # noqa: PLR0917 (click passes every option)
           audit_log: str | None, max_in_flight: int, max_body_bytes: int,
           shutdown_delay: float, drain_timeout: float, read_timeout: float,
           idle_timeout: float, reload_interval: float, instance: str | None,
-          dra_source: str | None, log_level: str) -> None:
+          dra_source: str | None, node_source: str | None, log_level: str) -> None:
     """Serve the admission webhook over HTTPS until SIGTERM/SIGINT."""
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("--tls-cert and --tls-key go together")
@@ -110,7 +114,7 @@ def serve(  # noqa: PLR0917 (click passes every option)
         max_body_bytes=max_body_bytes, max_in_flight=max_in_flight,
         read_timeout_seconds=read_timeout, idle_timeout_seconds=idle_timeout,
         reload_interval_seconds=reload_interval, shutdown_delay_seconds=shutdown_delay,
-        drain_timeout_seconds=drain_timeout, dra_source=dra_source,
+        drain_timeout_seconds=drain_timeout, dra_source=dra_source, node_source=node_source,
         **extra)  # type: ignore[arg-type]
     logger = make_logger(log_level)
     route_library_logs_to_stderr(log_level)
@@ -120,6 +124,10 @@ def serve(  # noqa: PLR0917 (click passes every option)
         raise click.ClickException(f"invalid policy {policy_path}: {exc}") from None
     except DraSourceError as exc:
         raise click.ClickException(f"--dra-watch: {exc}") from None
+    except RuntimeError as exc:  # NodeSourceError (the kube modules are imported lazily)
+        if type(exc).__name__ != "NodeSourceError":
+            raise
+        raise click.ClickException(f"--node-watch: {exc}") from None
     except (ssl.SSLError, OSError, ValueError) as exc:
         raise click.ClickException(f"cannot load TLS pair {cert_file} / {key_file}: "
                                    f"{exc}") from None
