@@ -20,6 +20,11 @@ DRA (docs/dra.md): DeviceClasses, ResourceClaimTemplates and ResourceClaims in t
 with ``--cluster``, listed from a cluster) form the snapshot DRA pods are decided against; each
 claim and template also gets a row of its own (the claim rule set, ``template`` "").
 
+Nodes (docs/pools.md): ``kind: Node`` objects in the files (``kubectl get nodes -o yaml``) and,
+with ``--kubeconfig`` (or ``--cluster``), the cluster's Nodes say which GPUs are shared (GPU
+Feature Discovery's labels); without any, the policy's declared pools are assumed. Each GPU
+pod's ``placement`` says which.
+
 ``--compiled`` (docs/compile.md): the same output, decided by evaluating the CEL of the
 admission policies ``gpu-admission compile`` emits (``gpu_admission.compile.offline``).
 """
@@ -40,6 +45,7 @@ from gpu_admission.dra.model import DraSourceError
 from gpu_admission.dra.offline import OfflineDra, is_dra_object
 from gpu_admission.engine import evaluate as evaluate_pod
 from gpu_admission.manifests import InputError, read_documents
+from gpu_admission.nodepools import node_view
 from gpu_admission.patch import apply_ops
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.rules.gpu_access import EPHEMERAL_SUBRESOURCE
@@ -81,6 +87,7 @@ def _result(name: str, index: int, obj: dict[str, Any], tpl: PodTemplate,
         "warnings": list(decision.warnings),
         "patch": [dict(op) for op in decision.patch],
         "changes": list(decision.changes),
+        "placement": decision.placement,
     }
 
 
@@ -101,6 +108,8 @@ def _text(result: dict[str, Any], label: str) -> str:
         cuda = result["cudaVersion"] or "unknown"
         lines.append(f"  cuda: {cuda}"
                      + (f" ({result['cudaSource']})" if result["cudaSource"] else ""))
+        if result["placement"]:
+            lines.append(f"  placement: {result['placement']}")
     for v in result["violations"]:
         lines.append(f"  {v['mode']:<7} [{v['rule']}] {v['path']}: {v['message']}")
     for w in result["warnings"]:
@@ -111,6 +120,20 @@ def _text(result: dict[str, Any], label: str) -> str:
             value = orjson.dumps(op.get("value")).decode() if "value" in op else ""
             lines.append(f"    {op['op']} {op['path']} {value}".rstrip())
     return "\n".join(lines)
+
+
+def _cluster_nodes(source: str | None) -> list[Any]:
+    """The cluster's Nodes, reduced to labels and GPU allocatable (``--kubeconfig``)."""
+    if source is None:
+        return []
+    from gpu_admission.kube.nodes import (  # noqa: PLC0415 - kubernetes: slow
+        NodeSourceError,
+        list_nodes,
+    )
+    try:
+        return list(list_nodes(source))
+    except NodeSourceError as exc:
+        raise InputError(f"--kubeconfig: {exc}") from None
 
 
 def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
@@ -145,6 +168,9 @@ def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
 @click.option("--cluster", default=None, metavar="KUBECONFIG|in-cluster",
               help="Also read DeviceClasses, ResourceClaimTemplates, ResourceClaims and the "
                    "pods naming claims from this cluster (read only) to decide DRA pods.")
+@click.option("--kubeconfig", default=None, metavar="KUBECONFIG|in-cluster",
+              help="Read the cluster's Nodes (read only) to learn which GPUs are shared "
+                   "(docs/pools.md), as the webhook's Node watch does.")
 @click.option("--compiled", is_flag=True,
               help="Decide with the compiled admission policies (`gpu-admission compile`), "
                    "evaluated with cel-python, instead of the engine (docs/compile.md).")
@@ -153,7 +179,8 @@ def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
                    "that adds its last ephemeral container (docs/guard.md).")
 def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace: str | None,
              user: str, groups: tuple[str, ...], operation: str, stage: str,
-             output: str, cluster: str | None, compiled: bool, ephemeral: bool) -> None:
+             output: str, cluster: str | None, compiled: bool, ephemeral: bool,
+             kubeconfig: str | None) -> None:
     """Evaluate Pods and workloads' pod templates offline against the GPU sharing policy.
 
     Exit code 0 when everything is allowed, 1 when anything is denied, 2 for unusable input.
@@ -187,8 +214,12 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
             dra.load_cluster(list_objects(cluster))
         except DraSourceError as exc:
             raise InputError(f"--cluster: {exc}") from None
+    node_objects = _cluster_nodes(kubeconfig or cluster)
     for name in filenames:
         for index, doc in enumerate(read_documents(name), start=1):
+            if isinstance(doc, dict) and doc.get("kind") == "Node":
+                node_objects.append(doc)  # the cluster's shape, not a pod
+                continue
             try:
                 if is_dra_object(doc):
                     claim = dra.take(doc, namespace)
@@ -210,6 +241,7 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
                            f"(no pod template{': ' + why if why else ''})", err=True)
     if not jobs:
         raise InputError("no Pod or workload with a pod template in the input")
+    nodes = node_view(node_objects, policy, "Node objects given") if node_objects else None
     if ephemeral:  # every pod must name the container it adds, before anything is printed
         for _, _, _, templates in jobs:
             for tpl in templates:
@@ -232,7 +264,8 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
                 decision = compiled_policy.decide(tpl.pod, facts, dra.snapshot_for(tpl))
             else:
                 decision = (dra.decide(tpl, facts, policy) if dra.is_claim(tpl)
-                            else evaluate_pod(tpl.pod, facts, policy, dra.snapshot_for(tpl)))
+                            else evaluate_pod(tpl.pod, facts, policy, dra.snapshot_for(tpl),
+                                              nodes))
             denied = denied or not decision.allowed
             result = _result(name, index, doc, tpl, decision)
             results.append(result)
