@@ -1,0 +1,168 @@
+"""Issue 33 proven through the faces a user touches: ``gpu-admission evaluate`` reading Node
+objects from its files, and the webhook over HTTPS fed by a Node watch from the fake API
+server (the real ``kubernetes`` client's list/watch, tests/kube_api_support.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import yaml
+
+from tests.builders import make_review, patch_ops
+from tests.kube_api_support import running_api
+from tests.nodes_support import (
+    PROTECT,
+    ROUTE_T4,
+    T4_POOL,
+    dedicated_node,
+    env_map,
+    jax_pod,
+    mig_node,
+    t4_node,
+    vllm_pod,
+)
+from tests.server_support import Server, poll_until, serving
+
+THREE = [dedicated_node(), t4_node(), mig_node()]
+SCHEDULER = {"op": "add", "path": "/spec/schedulerName", "value": "gpu-aware-scheduler"}
+T4_ENV = [{"name": "NVIDIA_MEM_LIMIT_MB", "value": "1536"},
+          {"name": "GPU_MEMORY_FRACTION", "value": "0.1"},
+          {"name": "XLA_CLIENT_MEM_FRACTION", "value": "0.1"},
+          {"name": "XLA_PYTHON_CLIENT_MEM_FRACTION", "value": "0.1"},
+          {"name": "TF_FORCE_GPU_ALLOW_GROWTH", "value": "true"}]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpu_admission", "evaluate", *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def write(path: Path, *docs: dict[str, Any]) -> str:
+    path.write_text(yaml.safe_dump_all(docs))
+    return str(path)
+
+
+def rows(out: str) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in (json.loads(line) for line in out.splitlines() if line)}
+
+
+def test_evaluate_reads_nodes_from_its_files(tmp_path: Path) -> None:
+    nodes = write(tmp_path / "nodes.yaml", *THREE)
+    pods = write(tmp_path / "pods.yaml", jax_pod(), vllm_pod())
+    proc = cli("-f", nodes, "-f", pods, "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    got = rows(proc.stdout)
+    jax, vllm = got["jax-8"], got["vllm"]
+    assert jax["patch"] == [
+        SCHEDULER, {"op": "add", "path": "/spec/affinity", "value": PROTECT},
+        {"op": "add", "path": "/metadata/annotations",
+         "value": {"gpu-admission.io/mutated": "affinity,schedulerName"}}]
+    assert jax["placement"] == (f"dedicated GPU: kept off the sharing pools ({T4_POOL}; "
+                                "Node objects given)")
+    assert vllm["placement"] == (f"routed to shared pool {T4_POOL} (time-slicing, 10 per "
+                                 "15360 MiB card; Node objects given)")
+    ops = vllm["patch"]
+    assert {"op": "add", "path": "/spec/affinity", "value": ROUTE_T4} in ops
+    env = next(op["value"] for op in ops if op["path"] == "/spec/containers/0/env")
+    assert int(env_map({"env": env})["NVIDIA_MEM_LIMIT_MB"]) <= 1536  # 15,360 MiB / 10
+
+
+def test_evaluate_jax_untouched_where_no_pool_shares(tmp_path: Path) -> None:
+    nodes = write(tmp_path / "nodes.yaml", dedicated_node(), mig_node())
+    pods = write(tmp_path / "pods.yaml", jax_pod())
+    proc = cli("-f", nodes, "-f", pods, "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert rows(proc.stdout)["jax-8"]["patch"] == [
+        SCHEDULER, {"op": "add", "path": "/metadata/annotations",
+                    "value": {"gpu-admission.io/mutated": "schedulerName"}}]
+
+
+def test_evaluate_mutated_output_is_a_fixed_point(tmp_path: Path) -> None:
+    nodes = write(tmp_path / "nodes.yaml", *THREE)
+    pods = write(tmp_path / "pods.yaml", jax_pod(), vllm_pod())
+    first = cli("-f", nodes, "-f", pods, "-o", "yaml")
+    assert first.returncode == 0, first.stderr
+    mutated = [doc["mutated"] for doc in yaml.safe_load_all(first.stdout)]
+    again = cli("-f", nodes, "-f", write(tmp_path / "mutated.yaml", *mutated), "-o", "json")
+    assert again.returncode == 0, again.stderr
+    assert [r["patch"] for r in rows(again.stdout).values()] == [[], []]
+
+
+def test_evaluate_without_nodes_says_what_it_assumed(tmp_path: Path) -> None:
+    proc = cli("-f", write(tmp_path / "pods.yaml", vllm_pod()))
+    assert proc.returncode == 0, proc.stderr
+    assert ("  placement: no GPU nodes visible: assumed the policy's declared pools and "
+            "defaults (spec.nodePools, spec.memoryLimits); no declared pool selected: "
+            "spec.memoryLimits defaults") in proc.stdout.splitlines()
+
+
+async def decide(server: Server, pod: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    status, body, _ = await server.post("/mutate", make_review(pod))
+    assert status == 200
+    return body["response"], patch_ops(body["response"])
+
+
+
+async def test_webhook_decides_from_a_node_watch(tmp_path: Path) -> None:
+    async with running_api(tmp_path) as (api, kubeconfig):
+        api.apply(*THREE)
+        async with serving(tmp_path, node_source=str(kubeconfig)) as server:
+            await poll_until(lambda: server.state.nodes is not None
+                             and server.state.nodes.synced)
+            # the 8-GPU JAX pod: no caps, kept off the time-sliced nodes
+            response, ops = await decide(server, jax_pod())
+            assert response["allowed"] is True
+            assert ops == [SCHEDULER, {"op": "add", "path": "/spec/affinity", "value": PROTECT},
+                           {"op": "add", "path": "/metadata/annotations",
+                            "value": {"gpu-admission.io/mutated": "affinity,schedulerName"}}]
+            # the one-GPU vLLM pod: routed to the T4 pool, capped at its share
+            response, ops = await decide(server, vllm_pod())
+            assert response["allowed"] is True
+            by_path = {op["path"]: op["value"] for op in ops}
+            assert by_path["/spec/affinity"] == ROUTE_T4
+            assert by_path["/spec/containers/0/env"] == T4_ENV
+            after = jsonpatch.apply_patch(vllm_pod(), ops)
+            response, ops = await decide(server, after)
+            assert (response["allowed"], ops) == (True, [])
+            # the T4 nodes go away (a watch event): nothing shares, the vLLM pod is dedicated
+            api.delete(t4_node())
+            await poll_until(lambda: server.state.nodes is not None and all(
+                n.name != "t4-1" for n in server.state.nodes.view(server.state.policy).nodes))
+            response, ops = await decide(server, vllm_pod())
+            assert ops == [SCHEDULER, {"op": "add", "path": "/metadata/annotations",
+                                       "value": {"gpu-admission.io/mutated": "schedulerName"}}]
+
+
+
+async def test_webhook_t4_pool_caps_and_jax_untouched_when_all_dedicated(tmp_path: Path) -> None:
+    async with running_api(tmp_path) as (api, kubeconfig):
+        api.apply(t4_node())
+        async with serving(tmp_path, node_source=str(kubeconfig)) as server:
+            await poll_until(lambda: server.state.nodes is not None
+                             and server.state.nodes.synced)
+            _, ops = await decide(server, vllm_pod())
+            env = next(op["value"] for op in ops if op["path"] == "/spec/containers/0/env")
+            assert int(env_map({"env": env})["NVIDIA_MEM_LIMIT_MB"]) <= 1536
+            assert not any(op["path"] == "/spec/affinity" for op in ops)  # only T4 nodes
+            api.delete(t4_node())
+            api.apply(dedicated_node(), mig_node())
+            await poll_until(lambda: server.state.nodes is not None and {
+                n.name for n in server.state.nodes.view(server.state.policy).nodes} == {
+                "a100-1", "a100-mig-1"})
+            response, ops = await decide(server, jax_pod())
+            assert response["allowed"] is True
+            assert ops == [SCHEDULER, {"op": "add", "path": "/metadata/annotations",
+                                       "value": {"gpu-admission.io/mutated": "schedulerName"}}]
+
+
+
+async def test_webhook_without_a_node_watch_assumes_the_policy(tmp_path: Path) -> None:
+    async with serving(tmp_path) as server:
+        response, _ = await decide(server, jax_pod())
+        assert response["allowed"] is False  # as today: the default cap 0.2 < 0.9
+        assert "run on a dedicated GPU" in response["status"]["message"]
