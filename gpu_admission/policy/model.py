@@ -487,7 +487,7 @@ class DefaultSharing(_Model):
     Only decides where GPU nodes are visible (the webhook's Node watch, ``evaluate``'s
     files): without them the declared pools and defaults apply."""
 
-    workloads: list[WorkloadClass] = Field(default_factory=lambda: _SHARING_WORKLOADS.copy())
+    workloads: list[WorkloadClass] = Field(default_factory=_SHARING_WORKLOADS.copy)
     # the most GPUs (summed over app containers; init containers: the largest) a pod that
     # shares by default may ask for
     max_gpus: PositiveInt = Field(default=1, alias="maxGPUs")

@@ -101,6 +101,12 @@ def test_evaluate_without_nodes_says_what_it_assumed(tmp_path: Path) -> None:
             "spec.memoryLimits defaults") in proc.stdout.splitlines()
 
 
+def gpu_node_names(server: Server) -> set[str]:
+    cache = server.state.nodes
+    view = cache.view(server.state.policy) if cache is not None else None
+    return {n.name for n in view.nodes} if view is not None else set()
+
+
 async def decide(server: Server, pod: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     status, body, _ = await server.post("/mutate", make_review(pod))
     assert status == 200
@@ -131,8 +137,7 @@ async def test_webhook_decides_from_a_node_watch(tmp_path: Path) -> None:
             assert (response["allowed"], ops) == (True, [])
             # the T4 nodes go away (a watch event): nothing shares, the vLLM pod is dedicated
             api.delete(t4_node())
-            await poll_until(lambda: server.state.nodes is not None and all(
-                n.name != "t4-1" for n in server.state.nodes.view(server.state.policy).nodes))
+            await poll_until(lambda: gpu_node_names(server) == {"a100-1", "a100-mig-1"})
             response, ops = await decide(server, vllm_pod())
             assert ops == [SCHEDULER, {"op": "add", "path": "/metadata/annotations",
                                        "value": {"gpu-admission.io/mutated": "schedulerName"}}]
@@ -151,9 +156,7 @@ async def test_webhook_t4_pool_caps_and_jax_untouched_when_all_dedicated(tmp_pat
             assert not any(op["path"] == "/spec/affinity" for op in ops)  # only T4 nodes
             api.delete(t4_node())
             api.apply(dedicated_node(), mig_node())
-            await poll_until(lambda: server.state.nodes is not None and {
-                n.name for n in server.state.nodes.view(server.state.policy).nodes} == {
-                "a100-1", "a100-mig-1"})
+            await poll_until(lambda: gpu_node_names(server) == {"a100-1", "a100-mig-1"})
             response, ops = await decide(server, jax_pod())
             assert response["allowed"] is True
             assert ops == [SCHEDULER, {"op": "add", "path": "/metadata/annotations",
