@@ -70,6 +70,16 @@ def test_evaluate_reads_nodes_from_its_files(tmp_path: Path) -> None:
     assert {"op": "add", "path": "/spec/affinity", "value": ROUTE_T4} in ops
     env = next(op["value"] for op in ops if op["path"] == "/spec/containers/0/env")
     assert int(env_map({"env": env})["NVIDIA_MEM_LIMIT_MB"]) <= 1536  # 15,360 MiB / 10
+    assert utilization(ops) <= 0.1  # vLLM's own setting: at most its share of the card
+
+
+def utilization(ops: list[dict[str, Any]]) -> float:
+    """The --gpu-memory-utilization the patch appends to the vLLM container's args."""
+    (op,) = [op for op in ops if op["path"].startswith("/spec/containers/0/args")]
+    assert op == {"op": "add", "path": "/spec/containers/0/args/-", "value": op["value"]}
+    flag, value = op["value"].split("=")
+    assert flag == "--gpu-memory-utilization"
+    return float(value)
 
 
 def test_evaluate_jax_untouched_where_no_pool_shares(tmp_path: Path) -> None:
@@ -132,6 +142,8 @@ async def test_webhook_decides_from_a_node_watch(tmp_path: Path) -> None:
             by_path = {op["path"]: op["value"] for op in ops}
             assert by_path["/spec/affinity"] == ROUTE_T4
             assert by_path["/spec/containers/0/env"] == T4_ENV
+            assert by_path["/spec/containers/0/args/-"] == "--gpu-memory-utilization=0.1"
+            assert utilization(ops) <= 0.1
             after = jsonpatch.apply_patch(vllm_pod(), ops)
             response, ops = await decide(server, after)
             assert (response["allowed"], ops) == (True, [])
