@@ -63,6 +63,7 @@ from gpu_admission.sharing_systems import (
     KAI_ANNOTATIONS,
     SYSTEM_NAMES,
     OtherGpu,
+    found_systems,
 )
 from gpu_admission.sharing_systems import analyse as analyse_other
 from gpu_admission.vocab import (
@@ -477,7 +478,10 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     if dra_pod is not None:
         gcs = _with_dra(gcs, dra_pod, spec)
     annotations = meta.get("annotations")
-    other = (analyse_other(pod, spec, compiled.other_systems)
+    systems = compiled.other_systems
+    if nodes is not None and not systems:  # found in the cluster; a declared list overrides
+        systems = found_systems(nodes.systems, spec)
+    other = (analyse_other(pod, spec, systems)
              if hami or (annotations.__class__ is dict
                          and not _KAI_KEYS.isdisjoint(annotations)) else None)
     if other is not None:
@@ -524,7 +528,7 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     if dra_pod is not None:
         shared.extend((r.path, r.why) for r in dra_pod.reasons)
     if other is not None and other.declared:  # undeclared: only its rule speaks
-        refined = (analyse_other(pod, spec, compiled.other_systems, pool.memory_mib)
+        refined = (analyse_other(pod, spec, systems, pool.memory_mib)
                    if pool is not None else None)  # the card is known: MiB and fraction
         if refined is not None:
             other = refined

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gpu_admission.policy.model import NodePool, Policy
+from gpu_admission.sharing_systems import HAMI, HAMI_NODE_ANNOTATIONS
 from gpu_admission.vocab import (
     CUDA_VERSION_LABEL,
     GFD_MEMORY,
@@ -79,6 +80,8 @@ class NodeView:
     pools: tuple[NodePool, ...]  # the pools nodes belong to: declared ones first, then GFD
     #: where the view comes from, for messages ("nodes from the watch", "nodes in the files")
     source: str = "nodes"
+    #: other GPU-sharing systems the nodes show (HAMi's node annotations, sharing_systems)
+    systems: frozenset[str] = frozenset()
     _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -156,15 +159,21 @@ def node_view(nodes: Iterable[Any], policy: Policy, source: str = "nodes") -> No
     selected by a declared ``spec.nodePools`` entry belongs to the first such pool (the
     policy overrides what GFD says), any other node to the pool its GFD labels describe
     (two label sets that differ only in memory share one pool sized by the smaller card).
-    None when no node is a GPU node: the caller then assumes the policy's pools."""
+    None when no node is a GPU node and no other sharing system shows: the caller then
+    assumes the policy's pools. (A HAMi cluster without GFD gives a view with no GPU nodes
+    but ``systems`` set: pods are then sized as without nodes, HAMi's pods are HAMi's.)"""
     declared = policy.spec.node_pools
     found: list[GpuNode] = []
     gfd: dict[str, NodePool] = {}
+    systems: set[str] = set()
     for node in nodes:
         if not isinstance(node, dict):
             continue
         meta = node.get("metadata")
         meta = meta if isinstance(meta, dict) else {}
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and any(a in annotations for a in HAMI_NODE_ANNOTATIONS):
+            systems.add(HAMI)
         raw = meta.get("labels")
         labels = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
         pool = next((p for p in declared if _selected(p.node_selector, labels)), None)
@@ -177,14 +186,14 @@ def node_view(nodes: Iterable[Any], policy: Policy, source: str = "nodes") -> No
                 pool = known
             gfd[pool.name] = pool
         found.append(GpuNode(str(meta.get("name", "")), labels, _gpu_resources(node), pool))
-    if not found:
+    if not found and not systems:
         return None
     # a smaller card seen later replaces the pool of the nodes before it
     found = [GpuNode(n.name, n.labels, n.resources, gfd.get(n.pool.name, n.pool))
              if n.pool.name in gfd else n for n in found]
     pools = [p for p in declared if any(n.pool is p for n in found)]
     pools.extend(sorted(gfd.values(), key=lambda p: p.name))
-    return NodeView(tuple(found), tuple(pools), source)
+    return NodeView(tuple(found), tuple(pools), source, frozenset(systems))
 
 
 # --- where a pod can land -------------------------------------------------------------------

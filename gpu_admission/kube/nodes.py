@@ -27,6 +27,7 @@ from gpu_admission.kube import client as kube
 from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
 from gpu_admission.nodepools import NodeView, node_view
 from gpu_admission.policy.model import Policy
+from gpu_admission.sharing_systems import HAMI_NODE_ANNOTATIONS
 from gpu_admission.vocab import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 
 NODES: Final = Resource("nodes", "nodes")
@@ -40,13 +41,17 @@ class NodeSourceError(RuntimeError):
 
 def reduce_node(obj: dict[str, Any]) -> dict[str, Any]:
     """A Node reduced to what :func:`gpu_admission.nodepools.node_view` reads: name, labels,
-    and the GPU resources of ``status.allocatable``."""
+    the GPU resources of ``status.allocatable``, and whether HAMi's node annotations are
+    there (their values, HAMi's device registry, are dropped)."""
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     status = obj.get("status")
     allocatable = status.get("allocatable") if isinstance(status, dict) else None
+    annotations = meta.get("annotations")
     out: dict[str, Any] = {"kind": "Node", "metadata": {
-        "name": meta.get("name", ""), "labels": dict(meta.get("labels") or {})}}
+        "name": meta.get("name", ""), "labels": dict(meta.get("labels") or {}),
+        "annotations": {k: "" for k in HAMI_NODE_ANNOTATIONS
+                        if isinstance(annotations, dict) and k in annotations}}}
     if isinstance(allocatable, dict):
         out["status"] = {"allocatable": {
             k: v for k, v in allocatable.items()
