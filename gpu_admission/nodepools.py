@@ -302,8 +302,10 @@ def _place(view: NodeView, selector: Mapping[str, Any],
            terms: Sequence[Mapping[str, Any]] | None, resources: frozenset[str],
            shares_by_default: bool) -> Landing | None:
     pools: list[NodePool] = []
+    seen: set[int] = set()
     for node in view.nodes:
-        if node.pool not in pools and can_land(node, selector, terms, resources):
+        if id(node.pool) not in seen and can_land(node, selector, terms, resources):
+            seen.add(id(node.pool))
             pools.append(node.pool)
     if not pools:
         return None
