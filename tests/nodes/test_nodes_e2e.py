@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import jsonpatch
+import orjson
 import yaml
 
 from tests.builders import make_review, patch_ops
-from tests.kube_api_support import running_api
+from tests.kube_api_support import running_api, write_kubeconfig
 from tests.nodes_support import (
     PROTECT,
     ROUTE_T4,
@@ -26,7 +27,7 @@ from tests.nodes_support import (
     t4_node,
     vllm_pod,
 )
-from tests.server_support import Server, poll_until, serving
+from tests.server_support import Server, free_port, poll_until, serving
 
 THREE = [dedicated_node(), t4_node(), mig_node()]
 SCHEDULER = {"op": "add", "path": "/spec/schedulerName", "value": "gpu-aware-scheduler"}
@@ -181,3 +182,27 @@ async def test_webhook_without_a_node_watch_assumes_the_policy(tmp_path: Path) -
         response, _ = await decide(server, jax_pod())
         assert response["allowed"] is False  # as today: the default cap 0.2 < 0.9
         assert "run on a dedicated GPU" in response["status"]["message"]
+
+
+async def test_decision_log_says_which_pool_or_what_was_assumed(tmp_path: Path) -> None:
+    """The webhook's decision record carries ``placement``: the pool read from the watch, or,
+    while the Node watch cannot list (nothing listens at its API server), the assumption."""
+    audit = tmp_path / "audit.log"
+    dead = write_kubeconfig(tmp_path / "dead-kubeconfig", free_port())  # nothing listens
+    async with serving(tmp_path / "first", node_source=str(dead),
+                       audit_log=str(audit)) as server:
+        response, _ = await decide(server, jax_pod())
+        assert response["allowed"] is False  # as before issue 33: default caps, 0.9 > 0.2
+        assert server.state.nodes is not None and not server.state.nodes.synced
+    async with running_api(tmp_path) as (api, kubeconfig):
+        api.apply(*THREE)
+        async with serving(tmp_path / "second", node_source=str(kubeconfig),
+                           audit_log=str(audit)) as server:
+            await poll_until(lambda: server.state.nodes is not None
+                             and server.state.nodes.synced)
+            await decide(server, vllm_pod())
+    assumed, routed = (orjson.loads(line)["placement"]
+                       for line in audit.read_bytes().splitlines())
+    assert assumed.startswith("no GPU nodes visible: assumed the policy's declared pools")
+    assert routed == (f"routed to shared pool {T4_POOL} (time-slicing, 10 per 15360 MiB card; "
+                      "nodes from the watch)")
