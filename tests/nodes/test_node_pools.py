@@ -13,7 +13,7 @@ import pytest
 
 from gpu_admission.decision import RequestFacts
 from gpu_admission.engine import evaluate
-from gpu_admission.nodepools import gfd_pool, node_view
+from gpu_admission.nodepools import GpuNode, can_land, gfd_pool, node_view
 from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
 from tests.nodes_support import (
     PROTECT,
@@ -189,3 +189,42 @@ def test_gfd_pool(labels: dict[str, str], expected: tuple[str, str, int, int, in
 ])
 def test_nodes_without_usable_gfd_labels_are_not_gpu_nodes(labels: dict[str, str]) -> None:
     assert gfd_pool(labels) is None
+
+
+LABELS = {"nvidia.com/gpu.product": "Tesla-T4-SHARED", "nvidia.com/gpu.replicas": "10",
+          "kubernetes.io/hostname": "t4-1"}
+
+
+def expr(key: str, op: str, *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": op, "values": list(values)}
+
+
+@pytest.mark.parametrize(("selector", "terms", "lands"), [
+    pytest.param({}, None, True, id="nothing-asked"),
+    pytest.param({"kubernetes.io/hostname": "t4-1"}, None, True, id="selector-match"),
+    pytest.param({"kubernetes.io/hostname": "t4-2"}, None, False, id="selector-miss"),
+    pytest.param({}, [{"matchExpressions": [expr("nvidia.com/gpu.replicas", "Gt", "4")]}],
+                 True, id="gt"),
+    pytest.param({}, [{"matchExpressions": [expr("nvidia.com/gpu.replicas", "Lt", "4")]}],
+                 False, id="lt"),
+    pytest.param({}, [{"matchExpressions": [expr("nvidia.com/gpu.product", "NotIn",
+                                                 "Tesla-T4-SHARED")]}], False, id="notin"),
+    pytest.param({}, [{"matchExpressions": [expr("gpu-admission.io/cuda-version", "NotIn",
+                                                 "12.1")]}], True, id="notin-absent-key"),
+    pytest.param({}, [{"matchExpressions": [expr("nvidia.com/gpu.product", "DoesNotExist")]}],
+                 False, id="does-not-exist"),
+    pytest.param({}, [{"matchExpressions": [expr("nvidia.com/gpu.product", "Exists")]}], True,
+                 id="exists"),
+    pytest.param({}, [{"matchExpressions": [expr("x", "In", "y")]},
+                      {"matchFields": [expr("metadata.name", "In", "t4-1")]}], True,
+                 id="terms-ored-match-fields"),
+    pytest.param({}, [{}], False, id="empty-term-matches-nothing"),
+])
+def test_can_land(selector: dict[str, str], terms: list[dict[str, Any]] | None,
+                  lands: bool) -> None:
+    pool = gfd_pool({**LABELS, "nvidia.com/gpu.memory": "15360",
+                     "nvidia.com/gpu.sharing-strategy": "time-slicing"})
+    assert pool is not None
+    node = GpuNode("t4-1", LABELS, frozenset({"nvidia.com/gpu"}), pool)
+    assert can_land(node, selector, terms, frozenset({"nvidia.com/gpu"})) is lands
+    assert not can_land(node, {}, None, frozenset({"nvidia.com/mig-1g.5gb"}))

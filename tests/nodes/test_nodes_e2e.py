@@ -15,7 +15,7 @@ import orjson
 import yaml
 
 from tests.builders import make_review, patch_ops
-from tests.kube_api_support import running_api, write_kubeconfig
+from tests.kube_api_support import api_in_thread, running_api, write_kubeconfig
 from tests.nodes_support import (
     PROTECT,
     ROUTE_T4,
@@ -206,3 +206,22 @@ async def test_decision_log_says_which_pool_or_what_was_assumed(tmp_path: Path) 
     assert assumed.startswith("no GPU nodes visible: assumed the policy's declared pools")
     assert routed == (f"routed to shared pool {T4_POOL} (time-slicing, 10 per 15360 MiB card; "
                       "nodes from the watch)")
+
+
+def test_evaluate_lists_nodes_with_kubeconfig(tmp_path: Path) -> None:
+    """``--kubeconfig``: the cluster's Nodes, listed by the real client from the fake API."""
+    pods = write(tmp_path / "pods.yaml", jax_pod(), vllm_pod())
+    with api_in_thread(tmp_path, *THREE) as kubeconfig:
+        proc = cli("-f", pods, "--kubeconfig", str(kubeconfig), "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    got = rows(proc.stdout)
+    assert got["vllm"]["placement"] == (f"routed to shared pool {T4_POOL} (time-slicing, 10 "
+                                        "per 15360 MiB card; Node objects given)")
+    assert {"op": "add", "path": "/spec/affinity", "value": PROTECT} in got["jax-8"]["patch"]
+
+
+def test_evaluate_kubeconfig_that_cannot_list_is_a_clear_error(tmp_path: Path) -> None:
+    dead = write_kubeconfig(tmp_path / "dead", free_port())
+    proc = cli("-f", write(tmp_path / "pods.yaml", vllm_pod()), "--kubeconfig", str(dead))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Error: --kubeconfig: listing nodes failed: ")
