@@ -33,6 +33,12 @@ HAMi-core's ``CUDA_DEVICE_MEMORY_LIMIT=<MiB>m`` (Project-HAMi/HAMi-core README: 
 binary ``k``/``m``/``g`` suffix; ``0`` means no limit); a per-device
 ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` above the share (it overrides the global value) is a
 ``memory-limit`` violation.
+
+Where GPU nodes are visible (issue 33, docs/pools.md) the caps apply only to a pod that will
+run on a shared card (``ctx.landing``), sized from that pool's card and replicas, and a
+container recognised as a serving engine (vLLM, SGLang, TGI, TensorRT-LLM) also gets the
+engine's own memory setting sized to its share (:func:`apply_engine`,
+docs/serving-engines.md). A denial names the way out (:data:`WAY_OUT`).
 """
 
 from __future__ import annotations
