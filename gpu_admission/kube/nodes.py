@@ -146,10 +146,10 @@ class NodeCache:
         node = reduce_node(obj)
         name = node["metadata"]["name"]
         if kind == "DELETED":
-            self._nodes.pop(name, None)
-        else:
+            self._dirty = self._nodes.pop(name, None) is not None or self._dirty
+        elif self._nodes.get(name) != node:  # kubelet status updates change nothing kept
             self._nodes[name] = node
-        self._dirty = True
+            self._dirty = True
 
     def start(self) -> None:
         """Start the list/watch thread (call on the event loop)."""
