@@ -242,6 +242,10 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
     if not jobs:
         raise InputError("no Pod or workload with a pod template in the input")
     nodes = node_view(node_objects, policy, "Node objects given") if node_objects else None
+    if compiled_policy is not None and node_objects:
+        click.echo("compiled: the admission policies cannot see nodes; they use the declared "
+                   "pools (docs/compile.md); the Node objects given are not used",
+                   err=True)
     if ephemeral:  # every pod must name the container it adds, before anything is printed
         for _, _, _, templates in jobs:
             for tpl in templates:
