@@ -228,3 +228,19 @@ def test_can_land(selector: dict[str, str], terms: list[dict[str, Any]] | None,
     node = GpuNode("t4-1", LABELS, frozenset({"nvidia.com/gpu"}), pool)
     assert can_land(node, selector, terms, frozenset({"nvidia.com/gpu"})) is lands
     assert not can_land(node, {}, None, frozenset({"nvidia.com/mig-1g.5gb"}))
+
+
+def test_cuda_routing_only_to_nodes_that_carry_the_label() -> None:
+    """A sharing pod is routed to its CUDA version when visible nodes carry the label; a pod
+    on dedicated GPUs gets no routing at all (decide() checks the fixed point)."""
+    t4 = t4_node()
+    t4["metadata"]["labels"]["gpu-admission.io/cuda-version"] = "12.4"
+    pod = vllm_pod()
+    pod["metadata"]["labels"] = {"gpu-admission.io/cuda-version": "12.4"}
+    _, after = decide(pod, [t4, dedicated_node()])
+    assert after["spec"]["nodeSelector"] == {"gpu-admission.io/cuda-version": "12.4"}
+    jax = jax_pod()
+    jax["metadata"]["labels"] = {"gpu-admission.io/cuda-version": "12.4"}
+    decision, after = decide(jax, [t4, dedicated_node()])
+    assert "nodeSelector" not in after["spec"]
+    assert [v.rule for v in decision.violations] == []  # no cuda-version-unknown noise
