@@ -225,3 +225,28 @@ def test_evaluate_kubeconfig_that_cannot_list_is_a_clear_error(tmp_path: Path) -
     proc = cli("-f", write(tmp_path / "pods.yaml", vllm_pod()), "--kubeconfig", str(dead))
     assert proc.returncode == 2
     assert proc.stderr.startswith("Error: --kubeconfig: listing nodes failed: ")
+
+
+async def test_node_status_updates_do_not_rebuild_the_view(tmp_path: Path) -> None:
+    """A MODIFIED event that changes nothing the policy reads (a kubelet status update) keeps
+    the view; a label change replaces it."""
+    async with running_api(tmp_path) as (api, kubeconfig):
+        api.apply(t4_node())
+        async with serving(tmp_path, node_source=str(kubeconfig)) as server:
+            cache = server.state.nodes
+            assert cache is not None
+            await poll_until(lambda: cache.synced)
+            first = cache.view(server.state.policy)
+            modified = cache.metrics.events.labels("nodes", "MODIFIED")
+            heartbeat = t4_node()
+            heartbeat["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+            api.apply(heartbeat)
+            await poll_until(lambda: modified._value.get() == 1)
+            assert cache.view(server.state.policy) is first
+            relabelled = t4_node()
+            relabelled["metadata"]["labels"]["nvidia.com/gpu.replicas"] = "4"
+            api.apply(relabelled)
+            await poll_until(lambda: modified._value.get() == 2)
+            view = cache.view(server.state.policy)
+            assert view is not first and view is not None
+            assert [p.replicas_per_gpu for p in view.pools] == [4]
