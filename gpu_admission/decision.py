@@ -74,6 +74,9 @@ class Decision:
     cuda_source: str = ""  # where the CUDA version came from, e.g. "image nvidia/cuda:12.2.0-base"
     exempt: str = ""  # non-empty when an exemption applied: which one
     changes: tuple[str, ...] = field(default=())  # short summary of mutated fields
+    #: GPU pods: where the pod was judged to land and why (a pool read from the nodes, or
+    #: the policy's declared pools assumed because no GPU node was visible; docs/pools.md)
+    placement: str = ""
 
     @property
     def denials(self) -> tuple[Violation, ...]:

@@ -42,6 +42,14 @@ from gpu_admission.dra.analysis import (
 from gpu_admission.dra.model import DraSnapshot
 from gpu_admission.fractional import ANNOTATION_PATH, NOT_FRACTIONAL, Fraction, Plan
 from gpu_admission.fractional import plan as fraction_plan
+from gpu_admission.nodepools import (
+    ASSUMED,
+    ASSUMED_POOLS,
+    Landing,
+    NodeView,
+    place,
+    pod_gpu_resources,
+)
 from gpu_admission.patch import REQUIRED, PatchBuilder, changed_fields
 from gpu_admission.policy.model import Compiled, NodePool, Policy
 from gpu_admission.rules import RULES, Context, GpuContainer
@@ -55,6 +63,7 @@ from gpu_admission.sharing_systems import (
     KAI_ANNOTATIONS,
     SYSTEM_NAMES,
     OtherGpu,
+    found_systems,
 )
 from gpu_admission.sharing_systems import analyse as analyse_other
 from gpu_admission.vocab import (
@@ -440,11 +449,14 @@ def _fraction_plan(pod: Mapping[str, Any], meta: Mapping[str, Any], gcs: list[Gp
 
 
 def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
-             dra: DraSnapshot | None = None) -> Decision:
+             dra: DraSnapshot | None = None, nodes: NodeView | None = None) -> Decision:
     """Decide one Pod. Pure: no I/O, does not modify ``pod``.
 
     ``dra``: the DeviceClasses, claims and templates the pod may name (the server's cache,
     or files offline); None means none known, so every DRA reference is unknown (docs/dra.md).
+    ``nodes``: the GPU nodes visible (:func:`gpu_admission.nodepools.node_view`, from the
+    webhook's Node watch or ``evaluate``'s files); None: none visible, the policy's declared
+    pools and defaults are assumed and the decision says so (``Decision.placement``).
 
     ``facts.stage == "mutate"``: the decision carries the RFC 6902 patch.
     ``facts.stage == "validate"``: re-check the final object, never a patch.
@@ -475,7 +487,10 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     if dra_pod is not None:
         gcs = _with_dra(gcs, dra_pod, spec)
     annotations = meta.get("annotations")
-    other = (analyse_other(pod, spec, compiled.other_systems)
+    systems = compiled.other_systems
+    if nodes is not None and not systems:  # found in the cluster; a declared list overrides
+        systems = found_systems(nodes.systems, spec)
+    other = (analyse_other(pod, spec, systems)
              if hami or (annotations.__class__ is dict
                          and not _KAI_KEYS.isdisjoint(annotations)) else None)
     if other is not None:
@@ -506,11 +521,23 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     plan = _fraction_plan(pod, meta, gcs, workload=workload, mig=mig,
                           dra=any(gc.dra is not None for gc in gcs), pool=pool, policy=policy,
                           uid=facts.uid) if fractional else NOT_FRACTIONAL
+    landing = (_landing(nodes, policy, spec, node_selector, gcs, workload=workload,
+                         mig=mig)
+               if nodes is not None and plan.fraction is None else None)
+    if landing is not None:
+        pool = landing.pool
+        mig = mig or (pool is not None and pool.sharing == "mig")
+        placement = landing.note
+    elif nodes is not None:
+        placement = ("no visible GPU node matches the pod's node selection and GPU resources: "
+                     + ASSUMED_POOLS + _assumed_pool(pool))
+    else:
+        placement = ASSUMED + _assumed_pool(pool)
     shared = _shared_reasons(gcs, node_selector, terms_in, pool, plan)
     if dra_pod is not None:
         shared.extend((r.path, r.why) for r in dra_pod.reasons)
     if other is not None and other.declared:  # undeclared: only its rule speaks
-        refined = (analyse_other(pod, spec, compiled.other_systems, pool.memory_mib)
+        refined = (analyse_other(pod, spec, systems, pool.memory_mib)
                    if pool is not None else None)  # the card is known: MiB and fraction
         if refined is not None:
             other = refined
@@ -524,13 +551,44 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
         cuda_version=cuda_version, cuda_source=cuda_source, cuda_conflict=conflict,
         cuda_label_invalid=cuda_invalid, node_selector=node_selector,
         required_terms=terms, pool=pool, shared_reasons=shared, mig=mig, dra=dra_pod,
-        fraction_plan=plan, other=other,
+        fraction_plan=plan, other=other, landing=landing,
+        route_cuda=landing is None or (landing.share and nodes is not None
+                                       and nodes.cuda_labelled),
     )
     for rule in RULES:
         rule.check(ctx)
     return _finish(meta, ctx.violations, ctx.patch, gpu=True, workload=workload,
                    workload_reason=workload_reason, cuda_version=cuda_version,
-                   cuda_source=cuda_source)
+                   cuda_source=cuda_source, placement=placement)
+
+
+def _assumed_pool(pool: NodePool | None) -> str:
+    return (f"; pool {pool.name} ({pool.sharing})" if pool is not None
+            else "; no declared pool selected: spec.memoryLimits defaults")
+
+
+def _landing(nodes: NodeView, policy: Policy, spec: Mapping[str, Any],
+             node_selector: Mapping[str, Any], gcs: list[GpuContainer], *, workload: str,
+             mig: bool) -> Landing | None:
+    """:func:`gpu_admission.nodepools.place` for this pod: whether it shares a card by
+    default (``spec.defaultSharing``: its class, at most ``maxGPUs`` GPUs, not MIG)."""
+    app = init = 0
+    names: set[str] = set()
+    for gc in gcs:
+        names.update(gc.resources)
+        if gc.kind == "initContainers":
+            init = max(init, gc.gpu_count)
+        else:
+            app += gc.gpu_count
+    defaults = policy.spec.default_sharing
+    by_default = (workload in defaults.workloads and max(app, init) <= defaults.max_gpus
+                  and not mig)
+    terms = _terms(spec)
+    affinity = spec.get("affinity")
+    given = (isinstance(affinity, dict) and isinstance(affinity.get("nodeAffinity"), dict)
+             and isinstance(affinity["nodeAffinity"].get(REQUIRED), dict))
+    return place(nodes, selector=node_selector, terms=terms if given else None,
+                 resources=pod_gpu_resources(names), shares_by_default=by_default)
 
 
 _KAI_KEYS = frozenset(KAI_ANNOTATIONS)

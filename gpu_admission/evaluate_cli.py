@@ -29,6 +29,11 @@ DRA (docs/dra.md): DeviceClasses, ResourceClaimTemplates and ResourceClaims in t
 with ``--kubeconfig``, listed from a cluster) form the snapshot DRA pods are decided against; each
 claim and template also gets a row of its own (the claim rule set, ``template`` "").
 
+Nodes (docs/pools.md): ``kind: Node`` objects in the files (``kubectl get nodes -o yaml``) and,
+with ``--kubeconfig`` (or ``--cluster``), the cluster's Nodes say which GPUs are shared (GPU
+Feature Discovery's labels); without any, the policy's declared pools are assumed. Each GPU
+pod's ``placement`` says which.
+
 ``--compiled`` (docs/compile.md): the same output, decided by evaluating the CEL of the
 admission policies ``gpu-admission compile`` emits (``gpu_admission.compile.offline``).
 """
@@ -50,6 +55,7 @@ from gpu_admission.dra.model import DraSourceError
 from gpu_admission.dra.offline import OfflineDra, is_compute_domain, is_dra_object
 from gpu_admission.engine import evaluate as evaluate_pod
 from gpu_admission.manifests import InputError, expand_paths, read_documents
+from gpu_admission.nodepools import node_view
 from gpu_admission.patch import apply_ops
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.rules.gpu_access import EPHEMERAL_SUBRESOURCE
@@ -95,6 +101,7 @@ def _result(name: str, index: int, obj: dict[str, Any], tpl: PodTemplate,
         **({"runtime": tpl.runtime} if tpl.runtime else {}),
         **({"unread": list(tpl.notes)} if tpl.notes else {}),
         **({"hints": list(tpl.hints)} if tpl.hints else {}),
+        "placement": decision.placement,
     }
 
 
@@ -117,6 +124,8 @@ def _text(result: dict[str, Any], label: str) -> str:
         cuda = result["cudaVersion"] or "unknown"
         lines.append(f"  cuda: {cuda}"
                      + (f" ({result['cudaSource']})" if result["cudaSource"] else ""))
+        if result["placement"]:
+            lines.append(f"  placement: {result['placement']}")
     said = set()
     for v in result["violations"]:
         lines.append(f"  {v['mode']:<7} [{v['rule']}] {v['path']}: {v['message']}")
@@ -134,6 +143,20 @@ def _text(result: dict[str, Any], label: str) -> str:
             value = orjson.dumps(op.get("value")).decode() if "value" in op else ""
             lines.append(f"    {op['op']} {op['path']} {value}".rstrip())
     return "\n".join(lines)
+
+
+def _cluster_nodes(source: str | None) -> list[Any]:
+    """The cluster's Nodes, reduced to labels and GPU allocatable (``--kubeconfig``)."""
+    if source is None:
+        return []
+    from gpu_admission.kube.nodes import (  # noqa: PLC0415 - kubernetes: slow
+        NodeSourceError,
+        list_nodes,
+    )
+    try:
+        return list(list_nodes(source))
+    except NodeSourceError as exc:
+        raise InputError(f"--kubeconfig: {exc}") from None
 
 
 def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
@@ -170,9 +193,10 @@ def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
               default="text", show_default=True,
               help="manifest: the mutated objects as YAML for `kubectl apply -f -`.")
 @kubeconfig_option("--cluster",
-                   help="Also read DeviceClasses, ResourceClaimTemplates, ResourceClaims and "
-                        "the pods naming claims from this cluster (read only) to decide DRA "
-                        "pods: a kubeconfig file or in-cluster.")
+                   help="Also read this cluster (read only): its Nodes, to learn which GPUs "
+                        "are shared (docs/pools.md), and its DeviceClasses, "
+                        "ResourceClaimTemplates, ResourceClaims and the pods naming claims, to "
+                        "decide DRA pods: a kubeconfig file or in-cluster.")
 @click.option("--compiled", is_flag=True,
               help="Decide with the compiled admission policies (`gpu-admission compile`), "
                    "evaluated with cel-python, instead of the engine (docs/compile.md).")
@@ -217,9 +241,13 @@ def evaluate(*, filenames: tuple[str, ...], recursive: bool, policy_path: Path |
             dra.load_cluster(list_objects(kubeconfig))
         except DraSourceError as exc:
             raise InputError(f"--kubeconfig: {exc}") from None
+    node_objects = _cluster_nodes(kubeconfig)
     for name in expand_paths(filenames, recursive):
-        every.extend((name, index, doc)
-                     for index, doc in enumerate(read_documents(name), start=1))
+        for index, doc in enumerate(read_documents(name), start=1):
+            if isinstance(doc, dict) and doc.get("kind") == "Node":
+                node_objects.append(doc)  # the cluster's shape, not a pod
+                continue
+            every.append((name, index, doc))
     catalog = RuntimeCatalog()  # KServe runtimes, for the InferenceServices of any file
     for _, _, doc in every:
         catalog.add(doc, namespace)
@@ -256,6 +284,11 @@ def evaluate(*, filenames: tuple[str, ...], recursive: bool, policy_path: Path |
                        f"(no pod template{': ' + why if why else ''})", err=True)
     if not jobs:
         raise InputError("no Pod or workload with a pod template in the input")
+    nodes = node_view(node_objects, policy, "Node objects given") if node_objects else None
+    if compiled_policy is not None and node_objects:
+        click.echo("compiled: the admission policies cannot see nodes; they use the declared "
+                   "pools (docs/compile.md); the Node objects given are not used",
+                   err=True)
     if ephemeral:  # every pod must name the container it adds, before anything is printed
         for _, _, _, templates in jobs:
             for tpl in templates:
@@ -280,7 +313,8 @@ def evaluate(*, filenames: tuple[str, ...], recursive: bool, policy_path: Path |
                 decision = compiled_policy.decide(tpl.pod, facts, dra.snapshot_for(tpl))
             else:
                 decision = (dra.decide(tpl, facts, policy) if dra.is_claim(tpl)
-                            else evaluate_pod(tpl.pod, facts, policy, dra.snapshot_for(tpl)))
+                            else evaluate_pod(tpl.pod, facts, policy, dra.snapshot_for(tpl),
+                                              nodes))
             denied = denied or not decision.allowed
             result = _result(name, index, doc, tpl, decision)
             results.append(result)

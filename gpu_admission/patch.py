@@ -90,7 +90,7 @@ class PatchBuilder:
     pod's own sub-objects are copied shallowly where they are re-emitted).
     """
 
-    __slots__ = ("_alternatives", "_annotations", "_env", "_node_selector", "_pod",
+    __slots__ = ("_alternatives", "_annotations", "_args", "_env", "_node_selector", "_pod",
                  "_requirements", "_resources", "_scheduler")
 
     def __init__(self, pod: Mapping[str, Any]) -> None:
@@ -103,6 +103,8 @@ class PatchBuilder:
         # (kind, index, "requests"|"limits") -> {resource name: quantity, or None = remove}
         self._resources: dict[tuple[str, int, str], dict[str, str | None]] = {}
         self._annotations: dict[str, str] = {}
+        # (kind, index, "args"|"command") -> {position: new element, or None: appended}
+        self._args: dict[tuple[str, int, str], list[tuple[int | None, str]]] = {}
         self._requirements: list[dict[str, Any]] = []
         self._alternatives: list[tuple[list[list[dict[str, Any]]], Callable[[Term], bool]]] = []
 
@@ -129,6 +131,15 @@ class PatchBuilder:
         it (``None``). ``section``: ``requests`` or ``limits``."""
         self._resources.setdefault((kind, index, section), {})[name] = quantity
 
+    def set_argument(self, kind: str, index: int, field: str, position: int | None,
+                     value: str) -> None:
+        """Set element ``position`` of ``spec.<kind>[index].<field>`` (``args`` or
+        ``command``) to ``value``, or append ``value`` (``position`` None; the list is
+        created when absent). A serving engine's own memory flag (rules/memory.py)."""
+        wanted = self._args.setdefault((kind, index, field), [])
+        if (position, value) not in wanted:
+            wanted.append((position, value))
+
     def set_annotation(self, key: str, value: str) -> None:
         """Set one ``metadata.annotations`` entry (rendered by :meth:`ops`)."""
         self._annotations[key] = value
@@ -147,7 +158,7 @@ class PatchBuilder:
     def empty(self) -> bool:
         return not (self._scheduler is not None or self._node_selector or self._env
                     or self._requirements or self._alternatives or self._resources
-                    or self._annotations)
+                    or self._annotations or self._args)
 
     # --- rendering -----------------------------------------------------------------
     def ops(self) -> list[Op]:
@@ -167,6 +178,8 @@ class PatchBuilder:
             _resource_ops(out, place, spec, resources)
         for (kind, index), wanted in self._env.items():
             _env_ops(out, kind, index, spec, wanted)
+        for place, elements in self._args.items():
+            _argument_ops(out, place, spec, elements)
         if self._annotations:
             self._annotation_map_ops(out, self._annotations)
         return out
@@ -332,6 +345,28 @@ def _env_ops(out: list[Op], kind: str, index: int, spec: Mapping[str, Any],
                             "value": {"name": name, "value": value}})
         elif env[at] != value:
             out.append({"op": "replace", "path": f"{base}/{at}", "value": _env_entry(name, value)})
+
+
+def _argument_ops(out: list[Op], place: tuple[str, int, str], spec: Mapping[str, Any],
+                  elements: list[tuple[int | None, str]]) -> None:
+    """Replace elements of a container's ``args``/``command`` in place, append the others
+    (``add .../-``, or the whole list when the container has none)."""
+    kind, index, field = place
+    containers = spec.get(kind)
+    container = containers[index] if isinstance(containers, Sequence) else {}
+    current = container.get(field) if isinstance(container, dict) else None
+    base = f"/spec/{kind}/{index}/{field}"
+    appended = [value for position, value in elements if position is None]
+    for position, value in elements:
+        if position is not None and isinstance(current, list) and position < len(current) \
+                and current[position] != value:
+            out.append({"op": "replace", "path": f"{base}/{position}", "value": value})
+    if not appended:
+        return
+    if not isinstance(current, list):
+        out.append({"op": "add", "path": base, "value": appended})
+        return
+    out.extend({"op": "add", "path": base + "/-", "value": value} for value in appended)
 
 
 def _env_entry(name: str, value: str | dict[str, Any]) -> dict[str, Any]:

@@ -58,6 +58,24 @@ HAMI_MEMORY_PERCENT: Final = "nvidia.com/gpumem-percentage"  # % of the card's m
 HAMI_CORES: Final = "nvidia.com/gpucores"  # % of the card's SMs
 HAMI_RESOURCES: Final = (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES)
 
+# --- found in the cluster, not declared (issue 33) ------------------------------------
+#: Node annotations HAMi's device plugin writes on every node it serves: its device registry
+#: and handshake (Project-HAMi/HAMi ``pkg/device/nvidia/device.go``: ``RegisterAnnos``,
+#: ``HandshakeAnnos``). A visible node carrying one means HAMi runs in this cluster.
+HAMI_NODE_ANNOTATIONS: Final = ("hami.io/node-nvidia-register", "hami.io/node-handshake")
+#: The scheduler name KAI-Scheduler pods opt in with (``spec.schedulerName: kai-scheduler``,
+#: KAI-Scheduler README / docs quickstart): a pod handed to KAI's scheduler is KAI's.
+KAI_SCHEDULER_NAME: Final = "kai-scheduler"
+
+
+def found_systems(cluster: frozenset[str], spec: Mapping[str, Any]) -> frozenset[str]:
+    """The other sharing systems found for one pod where the cluster can be seen: those the
+    nodes show (:attr:`gpu_admission.nodepools.NodeView.systems`: HAMi's node annotations)
+    plus KAI when the pod names KAI's scheduler."""
+    if spec.get("schedulerName") == KAI_SCHEDULER_NAME:
+        return cluster | {KAI}
+    return cluster
+
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,8 @@ FLOORS: Final[tuple[tuple[str, str, tuple[str, ...]], ...]] = (
         "", "vocab", "decision", "cuda", "quantity", "patch", "fractional", "timeframe",
         "policy.*")),
     ("pure", "decisions and computations: pod, objects, metrics and policy in, values out", (
-        "engine", "workloads", "sharing_systems", "rules.*", "dra.*", "placement.*",
+        "engine", "workloads", "sharing_systems", "nodepools", "engines", "rules.*", "dra.*",
+        "placement.*",
         "compile", "compile.cel", "compile.units", "compile.compiler", "compile.render",
         "compile.evaluator", "compile.offline", "compile.guard", "compile.rules.*",
         "report", "report.data", "report.compute", "report.sharing", "report.render",

@@ -132,7 +132,7 @@ def decision_record(*, decision: Decision, facts: RequestFacts, pod: Mapping[str
     # was actually applied, not what a decision might carry at another stage.
     sent = (decision.patch if decision.allowed and facts.stage == "mutate"
             and facts.operation == "CREATE" else ())
-    return {
+    record = {
         "schemaVersion": SCHEMA_VERSION,
         "time": now_text() if time is None else format_time(time),
         "uid": uid,
@@ -161,6 +161,9 @@ def decision_record(*, decision: Decision, facts: RequestFacts, pod: Mapping[str
         "policyDigest": policy_digest,
         "instance": instance,
     }
+    if decision.placement:  # GPU pods: the pool it lands in, or the pools assumed (issue 33)
+        record["placement"] = decision.placement
+    return record
 
 
 def _cap(value: str) -> str:

@@ -483,6 +483,22 @@ class Reclaim(_Model):
     max_actions_per_interval: NonNegativeInt = Field(default=5, alias="maxActionsPerInterval")
 
 
+_SHARING_WORKLOADS: list[WorkloadClass] = ["inference", "notebook"]
+
+
+class DefaultSharing(_Model):
+    """Which GPU pods share a card by default where the nodes show both sharing and dedicated
+    GPUs (issue 33; README "Node pools"): one-GPU inference and notebook pods are routed to a
+    sharing pool and capped; the others (training, multi-GPU) are kept off sharing nodes.
+    Only decides where GPU nodes are visible (the webhook's Node watch, ``evaluate``'s
+    files): without them the declared pools and defaults apply."""
+
+    workloads: list[WorkloadClass] = Field(default_factory=_SHARING_WORKLOADS.copy)
+    # the most GPUs (summed over app containers; init containers: the largest) a pod that
+    # shares by default may ask for
+    max_gpus: PositiveInt = Field(default=1, alias="maxGPUs")
+
+
 class PolicySpec(_Model):
     scheduler_name: StrictStr | None = Field(default="gpu-aware-scheduler", alias="schedulerName")
     node_pools: list[NodePool] = Field(default_factory=list, alias="nodePools")
@@ -493,6 +509,8 @@ class PolicySpec(_Model):
     placement: Placement = Field(default_factory=Placement)
     rules: RuleModes = Field(default_factory=RuleModes)
     dra: Dra = Field(default_factory=Dra)
+    default_sharing: DefaultSharing = Field(default_factory=DefaultSharing,
+                                            alias="defaultSharing")
     reclaim: Reclaim = Field(default_factory=Reclaim)
     # Other GPU-sharing systems the cluster runs (docs/policy.md, spec.otherSharingSystems):
     # their pods are GPU pods that keep the env their system writes. Off by default.

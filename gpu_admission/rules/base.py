@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from gpu_admission.decision import Mode, RequestFacts, Violation
 from gpu_admission.dra.analysis import DraContainer, DraPod
 from gpu_admission.fractional import NOT_FRACTIONAL, Fraction, Plan
+from gpu_admission.nodepools import Landing
 from gpu_admission.patch import PatchBuilder
 from gpu_admission.policy.model import Compiled, NodePool, Policy
 from gpu_admission.sharing_systems import OtherContainer, OtherGpu
@@ -83,6 +84,12 @@ class Context:
     other: OtherGpu | None = None  # another sharing system's view (spec.otherSharingSystems)
     # fractional GPUs (gpu_admission.fractional): the plan, and its fraction when there is one
     fraction_plan: Plan = NOT_FRACTIONAL
+    #: where the visible GPU nodes say the pod lands (gpu_admission.nodepools.place); None:
+    #: no GPU node visible (or none it can land on), the policy's pools are assumed
+    landing: Landing | None = None
+    #: CUDA routing may patch (false where nodes are visible and the pod shares no card, or
+    #: no visible node carries gpu-admission.io/cuda-version: the pod would never schedule)
+    route_cuda: bool = True
 
     @property
     def fraction(self) -> Fraction | None:

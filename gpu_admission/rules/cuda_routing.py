@@ -78,6 +78,8 @@ class CudaRouting:
                         f"must use one CUDA version: align the images or set the label "
                         f"{CUDA_VERSION_LABEL}")
             return
+        if not ctx.route_cuda:  # nodes visible: no card shared, or no node has the label
+            return
         relevant = ctx.workload != "training" or routing.driver_affinity
         if version is None:
             # A pod that pins the CUDA pool itself is routed; nothing to warn about.

@@ -33,6 +33,12 @@ HAMi-core's ``CUDA_DEVICE_MEMORY_LIMIT=<MiB>m`` (Project-HAMi/HAMi-core README: 
 binary ``k``/``m``/``g`` suffix; ``0`` means no limit); a per-device
 ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` above the share (it overrides the global value) is a
 ``memory-limit`` violation.
+
+Where GPU nodes are visible (issue 33, docs/pools.md) the caps apply only to a pod that will
+run on a shared card (``ctx.landing``), sized from that pool's card and replicas, and a
+container recognised as a serving engine (vLLM, SGLang, TGI, TensorRT-LLM) also gets the
+engine's own memory setting sized to its share (:func:`apply_engine`,
+docs/serving-engines.md). A denial names the way out (:data:`WAY_OUT`).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import re
 from collections.abc import Callable
 from typing import Final
 
+from gpu_admission.engines import EngineUse, recognise
 from gpu_admission.fractional import HAMI_MEMORY_LIMIT, Fraction, hami_limit_bytes, hami_limit_text
 from gpu_admission.patch import last_indexes
 from gpu_admission.policy.model import MemoryLimits, NodePool
@@ -62,6 +69,10 @@ CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 FRACTION_VARS: Final = frozenset({"GPU_MEMORY_FRACTION", "XLA_CLIENT_MEM_FRACTION",
                                   "XLA_PYTHON_CLIENT_MEM_FRACTION"})
 
+#: How a pod that needs more than a share gets it (issue 33: a denial names the way out).
+WAY_OUT: Final = ("lower it or drop it to take the cap, or run on a dedicated GPU: "
+                  "nodeSelector nvidia.com/gpu.sharing-strategy: none (GFD), or a "
+                  "spec.nodePools pool with sharing: none that the pod selects")
 _HAMI_PER_DEVICE = re.compile(r"^CUDA_DEVICE_MEMORY_LIMIT_[0-9]+$")
 # "<dev>=<size>" with size like 4096M, 4G, 512MB, 1GiB (binary units; bare number = MiB).
 _MPS_ENTRY = re.compile(r"^\s*(\d+)\s*=\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -176,6 +187,8 @@ class MemoryLimit:
             if gc.other is not None:  # another sharing system's share caps ours
                 wanted, source = other_wanted(pool, limits, gc.other)
                 self.apply_env(ctx, gc, wanted, source)
+                if gc.other.fraction is not None and ctx.landing is not None:
+                    apply_engine(ctx, gc, gc.other.fraction, source)
                 continue
             devices = gc.gpu_count if mps else 0  # only the MPS value depends on the count
             key = (id(pool), id(limits), devices)
@@ -186,6 +199,8 @@ class MemoryLimit:
                 wanted, source = wanted_env(pool, limits, devices)
                 memo = self._memo[key] = (pool, limits, wanted, source, settled_names(wanted))
             self.apply_env(ctx, gc, memo[2], memo[3], memo[4])
+            if ctx.landing is not None:  # the card is known from the nodes (see apply_engine)
+                apply_engine(ctx, gc, memory_share(pool, limits)[1], memo[3])
 
     def _fractional(self, ctx: Context, fraction: Fraction) -> None:
         """A fractional pod: the variables sized to its share, HAMi-core's cap if on."""
@@ -208,6 +223,7 @@ class MemoryLimit:
             if gc.mig or gc.dra is not None:
                 continue
             self.apply_env(ctx, gc, wanted, source)
+            apply_engine(ctx, gc, fraction.fraction, source)
             if hami:
                 _per_device(ctx, gc, mib, source)
 
@@ -241,13 +257,70 @@ class MemoryLimit:
                         continue  # a limit at or below the allowed one: keep it
                     ctx.violate(LIMIT, f"{gc.path}.env[{i}]",
                                 f"{name}={current[:20]!r} exceeds the GPU memory allowed on a "
-                                f"shared GPU ({source}): must be {expected}"
+                                f"shared GPU ({source}): must be {expected}; {WAY_OUT}"
                                 if verdict is False else
                                 f"{name}={current[:20]!r} is not a valid value; expected "
                                 f"{expected} ({source})")
                     continue
             if ctx.patch is not None:
                 ctx.patch.upsert_env(gc.kind, gc.index, name, value)
+
+
+def apply_engine(ctx: Context, gc: GpuContainer, fraction: float, source: str) -> None:
+    """A serving engine's own memory setting (:mod:`gpu_admission.engines`, issue 33), sized
+    to the container's share of the card: upserted like the env vars (appended to ``args``
+    when absent as one ``--flag=value`` element, a lower or equal value kept, a higher or
+    unreadable one a ``memory-limit`` violation naming the flag; TGI through its variable
+    ``CUDA_MEMORY_FRACTION`` unless the flag is given). An engine the webhook cannot set
+    (started from a shell string, or an image whose command it does not know) gets a
+    ``memory-limit-unverifiable`` warning naming the flag to add.
+
+    Only where the card is known: a pool read from the nodes (``ctx.landing``) or a
+    fractional share. Without visible GPU nodes the policy's default fraction is a guess
+    about an unknown card, so engines are left alone (as before issue 33; the compiled
+    policies, which see no nodes, agree: docs/serving-engines.md)."""
+    use = recognise(gc.container)
+    if use is None:
+        return
+    engine = use.engine
+    text = format_fraction(fraction)
+    flag = engine.flags[0]
+    if use.settings:
+        _check_settings(ctx, gc, use, fraction, source=source)
+        return
+    if engine.env is not None:  # TGI: its variable (a shell string passes the env on too)
+        MemoryLimit.apply_env(ctx, gc, [(engine.env, text, _fraction_ok(fraction),
+                                         f"<= {text}")], source)
+        if not any(f in use.script for f in engine.flags):
+            return
+    if not use.settable:
+        ctx.violate(UNVERIFIABLE, f"{gc.path}.command",
+                    f"{engine.name} ({use.why}): add {flag}={text} yourself, its share of "
+                    f"the GPU ({source}); the webhook cannot set it")
+        return
+    if ctx.patch is not None:
+        ctx.patch.set_argument(gc.kind, gc.index, "args", None, f"{flag}={text}")
+
+
+def _check_settings(ctx: Context, gc: GpuContainer, use: EngineUse, fraction: float, *,
+                    source: str) -> None:
+    ok = _fraction_ok(fraction)
+    text = format_fraction(fraction)
+    for setting in use.settings:
+        path = f"{gc.path}.{setting.field}[{setting.index}]"
+        name = setting.flag
+        value = setting.value or ""
+        verdict = ok(value) if value else None
+        if verdict:
+            continue
+        if verdict is False:
+            ctx.violate(LIMIT, path,
+                        f"{name}={value[:20]!r} ({use.engine.name}) exceeds the GPU memory "
+                        f"allowed on a shared GPU ({source}): must be <= {text}; {WAY_OUT}")
+        else:
+            ctx.violate(LIMIT, path,
+                        f"{name} ({use.engine.name}) has no valid value "
+                        f"({str(value)[:20]!r}); expected <= {text} ({source})")
 
 
 def settled_names(wanted: Wanted) -> frozenset[str]:

@@ -8,6 +8,12 @@ for plain ``nvidia.com/gpu`` is protected instead: it gets the required node-aff
 requirement ``nvidia.com/gpu.sharing-strategy NotIn [time-slicing, mps]`` in every term
 (terms are ORed, https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/).
 GFD labels: https://github.com/NVIDIA/k8s-device-plugin (docs/gpu-feature-discovery).
+
+Where GPU nodes are visible (:mod:`gpu_admission.nodepools`, issue 33) the node affinity
+follows where the pod may land instead, for every GPU pod: a pod that gets no memory caps
+while sharing nodes exist gets the same ``NotIn`` requirement (it cannot land on a shared
+card uncapped), a pod that shares by default is routed to its sharing pool (an ``In``
+requirement per label of the pool's selector), and where no node shares, nothing is added.
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ class NoTrainingOnSharedGpu:
     ids: tuple[str, ...] = (RULE,)
 
     def check(self, ctx: Context) -> None:
+        landing = ctx.landing
+        if landing is not None and ctx.patch is not None:
+            if landing.protect:
+                ctx.patch.require_node_expression(PROTECTION)
+            if landing.route is not None:
+                for key, value in sorted(landing.route.node_selector.items()):
+                    ctx.patch.require_node_expression(
+                        {"key": key, "operator": "In", "values": [value]})
         if ctx.workload != "training":
             return
         for path, why in ctx.shared_reasons:
@@ -34,5 +48,5 @@ class NoTrainingOnSharedGpu:
                         "each training job ~3x slower. Request nvidia.com/gpu on a dedicated "
                         "node pool (sharing none) or MIG, or label the pod "
                         "gpu-admission.io/workload=inference if it only serves")
-        if ctx.patch is not None and not ctx.shared_reasons:
+        if ctx.patch is not None and not ctx.shared_reasons and landing is None:
             ctx.patch.require_node_expression(PROTECTION)

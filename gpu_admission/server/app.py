@@ -54,6 +54,7 @@ from gpu_admission.decision import Decision, RequestFacts, Stage
 from gpu_admission.dra.claims import evaluate_claim, is_claim_kind
 from gpu_admission.dra.model import DraSnapshot
 from gpu_admission.engine import evaluate
+from gpu_admission.nodepools import NodeView
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.server.config import ServerConfig
 from gpu_admission.server.logs import info_writer, make_logger
@@ -72,6 +73,7 @@ from gpu_admission.server.wire import (
 
 if TYPE_CHECKING:
     from gpu_admission.kube.dra import DraCache
+    from gpu_admission.kube.nodes import NodeCache
 
 JSON = "application/json"
 MUTATE_PATH = "/mutate"
@@ -98,6 +100,7 @@ class ServerState:
     #: ``log.info`` without structlog's dispatch, for the per-review line (None: use log)
     log_info: Callable[[str, dict[str, Any]], None] | None = None
     dra: DraCache | None = None  # the DRA watch cache (docs/dra.md), when configured
+    nodes: NodeCache | None = None  # the Node watch cache (docs/pools.md), when configured
 
     def not_ready_reasons(self) -> list[str]:
         reasons = []
@@ -334,11 +337,12 @@ def _decide(review: Review, state: ServerState,
     assert review.obj is not None  # parse_review guarantees a Pod on CREATE/UPDATE
     policy, digest = state.policy, state.policy_digest
     dra = state.dra.snapshot() if state.dra is not None else None
+    nodes = state.nodes.view(policy) if state.nodes is not None else None
     try:
         decision = (evaluate_claim(review.obj, review.kind, facts, policy, dra) if claim
-                    else evaluate(review.obj, facts, policy, dra))
+                    else evaluate(review.obj, facts, policy, dra, nodes))
         body = _render(review, decision, effective,
-                       _new_warnings(review, decision, stage, facts, policy=policy, dra=dra))
+                       _new_warnings(review, decision, stage, facts, policy=policy, dra=dra, nodes=nodes))
         record = None if state.decision_log is None else decision_record(
             decision=decision, facts=facts, pod=review.obj, uid=review.uid,
             policy_digest=digest, instance=state.config.instance)
@@ -366,7 +370,8 @@ def _decide(review: Review, state: ServerState,
 
 
 def _new_warnings(review: Review, decision: Decision, stage: Stage, facts: RequestFacts, *,
-                  policy: Policy, dra: DraSnapshot | None) -> tuple[str, ...]:
+                  policy: Policy, dra: DraSnapshot | None,
+                  nodes: NodeView | None = None) -> tuple[str, ...]:
     """The warnings to send: said once per decision, by the stage that decides it (issue
     34). The validating webhook re-checks what the mutating one decided and said, so it says
     nothing; an UPDATE (``kubectl label pod``) says only what the old pod did not already
@@ -377,7 +382,7 @@ def _new_warnings(review: Review, decision: Decision, stage: Stage, facts: Reque
     if stage == "validate":
         return ()
     if review.operation == "UPDATE" and isinstance(review.old, dict):
-        before = evaluate(review.old, facts, policy, dra).warnings
+        before = evaluate(review.old, facts, policy, dra, nodes).warnings
         return tuple(w for w in decision.warnings if w not in before)
     return decision.warnings
 
@@ -427,6 +432,11 @@ async def readyz(request: web.Request) -> web.Response:
         # which resource.k8s.io version the DRA cache watches (v1, v1beta2 or v1beta1, by
         # discovery; "none" when the cluster serves no DRA API)
         body["dra"] = {"apiVersion": state.dra.api_version}
+    if state.nodes is not None:
+        # not a readiness condition: until Nodes are listed the declared pools are assumed
+        view = state.nodes.view(state.policy)
+        body["nodes"] = {"synced": state.nodes.synced,
+                         "gpuNodes": len(view.nodes) if view is not None else 0}
     return web.Response(body=orjson.dumps(body), content_type=JSON)
 
 
@@ -475,6 +485,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
                    for w in state.watchers]
     if state.dra is not None:
         state.dra.start()
+    if state.nodes is not None:
+        state.nodes.start()
     state.started = True
     state.log.info("server_started", instance=cfg.instance, policy=str(cfg.policy_path or
                    "built-in default"), policy_digest=state.policy_digest,
@@ -488,6 +500,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         state.watchers.clear()
         if state.dra is not None:
             await state.dra.stop()
+        if state.nodes is not None:
+            await state.nodes.stop()
         if state.decision_log is not None:
             await state.decision_log.aclose()
             state.decision_log = None
@@ -518,6 +532,16 @@ def create_app(config: ServerConfig, *,
         state.dra = DraCache(api_client(config.dra_source),
                              metrics=CacheMetrics(state.metrics.registry), log=log,
                              watch_timeout_seconds=config.dra_watch_timeout_seconds)
+    if config.node_source is not None:
+        from gpu_admission.kube.client import KubeSourceError  # noqa: PLC0415
+        from gpu_admission.kube.client import api_client as kube_client  # noqa: PLC0415
+        from gpu_admission.kube.nodes import NodeCache, NodeMetrics, NodeSourceError  # noqa: PLC0415
+        try:
+            client = kube_client(config.node_source, pool_size=3)
+        except KubeSourceError as exc:
+            raise NodeSourceError(str(exc)) from None
+        state.nodes = NodeCache(client, metrics=NodeMetrics(state.metrics.registry), log=log,
+                                watch_timeout_seconds=config.node_watch_timeout_seconds)
     state.metrics.receiving.set_function(lambda: state.receiving)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[STATE] = state

@@ -77,10 +77,12 @@ _file = click.Path(dir_okay=False, path_type=Path)
 @click.option("--instance", default=None, help="Name recorded in decision records. "
               "Default: the host name (the Pod name in Kubernetes).")
 @kubeconfig_option("--dra-watch",
-                   help="Watch the cluster (read only): DeviceClasses, ResourceClaimTemplates, "
-                   "ResourceClaims and pods to judge DRA GPU pods (docs/dra.md), through a "
-                   "kubeconfig file or in-cluster (the pod's ServiceAccount). Default: no "
-                   "watch, DRA references are reported as unknown.")
+                   help="Watch the cluster (read only): Nodes, to learn which GPUs are shared "
+                   "from GPU Feature Discovery's labels (docs/pools.md), and DeviceClasses, "
+                   "ResourceClaimTemplates, ResourceClaims and pods to judge DRA GPU pods "
+                   "(docs/dra.md), through a kubeconfig file or in-cluster (the pod's "
+                   "ServiceAccount). Default: no watch; the policy's declared pools are "
+                   "assumed and DRA references are reported as unknown.")
 @click.option("--log-level", type=click.Choice(LEVELS), default="info", show_default=True)
 def serve(  # noqa: PLR0917 (click passes every option)
           policy_path: Path | None, tls_cert: Path | None, tls_key: Path | None,
@@ -127,7 +129,7 @@ def serve(  # noqa: PLR0917 (click passes every option)
         max_body_bytes=max_body_bytes, max_in_flight=max_in_flight,
         read_timeout_seconds=read_timeout, idle_timeout_seconds=idle_timeout,
         reload_interval_seconds=reload_interval, shutdown_delay_seconds=shutdown_delay,
-        drain_timeout_seconds=drain_timeout, dra_source=kubeconfig,
+        drain_timeout_seconds=drain_timeout, dra_source=kubeconfig, node_source=kubeconfig,
         **extra)  # type: ignore[arg-type]
     route_library_logs_to_stderr(log_level)
     try:
@@ -135,6 +137,10 @@ def serve(  # noqa: PLR0917 (click passes every option)
     except PolicyError as exc:
         raise click.ClickException(f"invalid policy {policy_path}: {exc}") from None
     except DraSourceError as exc:
+        raise click.ClickException(f"--kubeconfig: {exc}") from None
+    except RuntimeError as exc:  # NodeSourceError (the kube modules are imported lazily)
+        if type(exc).__name__ != "NodeSourceError":
+            raise
         raise click.ClickException(f"--kubeconfig: {exc}") from None
     except (ssl.SSLError, OSError, ValueError) as exc:
         raise click.ClickException(f"cannot load TLS pair {cert_file} / {key_file}: "

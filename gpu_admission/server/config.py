@@ -50,6 +50,10 @@ class ServerConfig:
     #: None keeps no cache, so every DRA reference counts as unknown.
     dra_source: str | None = None
     dra_watch_timeout_seconds: int = 300  # server-side timeout of one watch request
+    #: Node cache source (docs/pools.md): "in-cluster" or a kubeconfig path; None (or until
+    #: the first list, or when RBAC refuses it): the policy's declared pools are assumed.
+    node_source: str | None = None
+    node_watch_timeout_seconds: int = 300  # server-side timeout of one watch request
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:

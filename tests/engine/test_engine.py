@@ -33,7 +33,11 @@ def test_typical_inference_pod_exact_patch() -> None:
              "value": {"gpu-admission.io/mutated": "env,nodeSelector,schedulerName"}},
         ),
         changes=("spec.schedulerName", "spec.nodeSelector", "spec.containers[0].env",
-                 "metadata.annotations"))
+                 "metadata.annotations"),
+        # issue 33: no Node objects given, so the decision says it assumed the policy's pools
+        placement="no GPU nodes visible: assumed the policy's declared pools and defaults "
+                  "(spec.nodePools, spec.memoryLimits); no declared pool selected: "
+                  "spec.memoryLimits defaults")
     assert after["metadata"]["annotations"] == {
         "gpu-admission.io/mutated": "env,nodeSelector,schedulerName"}
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from gpu_admission.decision import RequestFacts
 from gpu_admission.dra.analysis import DEVICECLASS_RESOURCE_PREFIX, needs_analysis
 from gpu_admission.engine import _scan, evaluate, gpu_containers
+from gpu_admission.engines import ENGINES
 from gpu_admission.patch import REQUIRED, PatchBuilder
 from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
 from gpu_admission.sharing_systems import HAMI_RESOURCES
@@ -32,7 +33,10 @@ OWNED_ENV = {"NVIDIA_MEM_LIMIT_MB", "GPU_MEMORY_FRACTION", "XLA_CLIENT_MEM_FRACT
              "XLA_PYTHON_CLIENT_MEM_FRACTION", "TF_FORCE_GPU_ALLOW_GROWTH",
              "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
              "CUDA_DEVICE_MEMORY_LIMIT",  # fractional pools with hamiCore
-             "NVIDIA_VISIBLE_DEVICES"}  # the GPU-access guard's (and fractional pods' reference)
+             "NVIDIA_VISIBLE_DEVICES",  # the GPU-access guard's (and fractional pods' reference)
+             "CUDA_MEMORY_FRACTION"}  # TGI's own setting (issue 33, gpu_admission.engines)
+#: a serving engine's own memory flag, appended to args as one --flag=value (issue 33)
+OWNED_ARGS = tuple(f"{flag}=" for engine in ENGINES for flag in engine.flags)
 # fractional GPUs (gpu_admission.fractional): what the webhook owns on a fractional pod
 GPU_MEMORY = "gpu-admission.io/gpu-memory"
 GPU_CONFIGMAP = "gpu-admission.io/gpu-configmap"
@@ -197,6 +201,11 @@ def _strip_owned(pod: dict[str, Any], fractional: bool = False) -> dict[str, Any
             spec.pop("affinity")
     for kind in ("containers", "initContainers"):
         for c in spec.get(kind, []):
+            if isinstance(c.get("args"), list):
+                c["args"] = [a for a in c["args"]
+                             if not (isinstance(a, str) and a.startswith(OWNED_ARGS))]
+                if not c["args"]:
+                    c.pop("args")
             if "env" in c:
                 c["env"] = [e for e in c["env"] if e["name"] not in OWNED_ENV]
                 if not c["env"]:

@@ -62,10 +62,13 @@ def vllm_patch(cm: str = CM) -> list[dict[str, Any]]:
         {"op": "add", "path": "/spec/containers/0/resources/limits/gpu-admission.io~1gpu-memory",
          "value": SHARE},
         {"op": "add", "path": "/spec/containers/0/env", "value": [*memory_env(), ref(cm)]},
+        # issue 33: vLLM's own setting, sized like GPU_MEMORY_FRACTION (the share of the card)
+        {"op": "add", "path": "/spec/containers/0/args",
+         "value": [f"--gpu-memory-utilization={FRACTION}"]},
         {"op": "add", "path": "/metadata/annotations",
          "value": {"gpu-admission.io/gpu-memory": SHARE, "gpu-admission.io/gpu-configmap": cm}},
         {"op": "add", "path": "/metadata/annotations/gpu-admission.io~1mutated",
-         "value": "env,nodeSelector,resources,schedulerName"},
+         "value": "args,env,nodeSelector,resources,schedulerName"},
     ]
 
 

@@ -65,7 +65,8 @@ async def test_vllm_pod_becomes_fractional_and_the_output_is_stable(server: Serv
                                      "cuda-source": f"image {VLLM} (spec.containers[0])",
                                      "patch": "spec.schedulerName; spec.nodeSelector; "
                                               "spec.containers[0].resources; "
-                                              "spec.containers[0].env; metadata.annotations"}}}
+                                              "spec.containers[0].env; "
+                                              "spec.containers[0].args; metadata.annotations"}}}
     out = jsonpatch.apply_patch(pod, patch_ops(response))
     kubernetes_validate.validate(out, "1.30", strict=True)
     container = out["spec"]["containers"][0]
@@ -74,7 +75,8 @@ async def test_vllm_pod_becomes_fractional_and_the_output_is_stable(server: Serv
     assert container["env"][-1] == ref()
     assert out["metadata"]["annotations"] == {
         "gpu-admission.io/gpu-memory": SHARE, "gpu-admission.io/gpu-configmap": CM,
-        "gpu-admission.io/mutated": "env,nodeSelector,resources,schedulerName"}
+        "gpu-admission.io/mutated": "args,env,nodeSelector,resources,schedulerName"}
+    assert container["args"] == ["--gpu-memory-utilization=0.347"]  # issue 33: vLLM's own
     # its own output under a new request UID, at both stages: nothing to change or say
     for path in ("/mutate", "/validate"):
         new_uid = str(uuid.uuid4())
@@ -137,14 +139,14 @@ async def test_decision_log_records_the_fractional_mutation(tmp_path: Path) -> N
         UID, "allowed", True, True)
     assert record["patch"]["changes"] == [
         "spec.schedulerName", "spec.nodeSelector", "spec.containers[0].resources",
-        "spec.containers[0].env", "metadata.annotations"]
+        "spec.containers[0].env", "spec.containers[0].args", "metadata.annotations"]
     assert record["patch"]["paths"] == [
         "add /spec/schedulerName", "add /spec/nodeSelector",
         "add /spec/containers/0/resources/requests",
         "remove /spec/containers/0/resources/limits/nvidia.com~1gpu",
         "add /spec/containers/0/resources/limits/gpu-admission.io~1gpu-memory",
-        "add /spec/containers/0/env", "add /metadata/annotations",
-        "add /metadata/annotations/gpu-admission.io~1mutated"]
+        "add /spec/containers/0/env", "add /spec/containers/0/args",
+        "add /metadata/annotations", "add /metadata/annotations/gpu-admission.io~1mutated"]
 
 
 def test_evaluate_prints_the_fractional_patch(tmp_path: Path) -> None:

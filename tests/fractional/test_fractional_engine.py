@@ -16,6 +16,7 @@ from gpu_admission.decision import Decision, RequestFacts
 from gpu_admission.engine import analyse_gpu_pod, evaluate
 from gpu_admission.fractional import requested_share_mib
 from gpu_admission.policy.model import PolicyError, policy_from_yaml
+from gpu_admission.rules.memory import WAY_OUT
 from tests.builders import make_container, make_pod
 from tests.compile_support import check
 from tests.fractional.support import (
@@ -57,7 +58,7 @@ def test_inference_pod_on_a_fractional_pool_gets_the_exact_patch() -> None:
     assert list(decision.patch) == vllm_patch()
     assert decision.changes == ("spec.schedulerName", "spec.nodeSelector",
                                 "spec.containers[0].resources", "spec.containers[0].env",
-                                "metadata.annotations")
+                                "spec.containers[0].args", "metadata.annotations")
     out = patched(pod, decision)
     kubernetes_validate.validate(out, "1.30", strict=True)
     assert out["spec"]["containers"][0]["resources"] == {
@@ -281,7 +282,7 @@ def test_higher_own_memory_limit_than_the_share_is_denied() -> None:
     decision = decide(pod)
     assert [(v.rule, v.message) for v in decision.violations] == [
         ("memory-limit", "NVIDIA_MEM_LIMIT_MB='8000' exceeds the GPU memory allowed on a shared "
-         "GPU (annotation gpu-admission.io/gpu-memory): must be <= 4096 (MiB)")]
+         "GPU (annotation gpu-admission.io/gpu-memory): must be <= 4096 (MiB); " + WAY_OUT)]
 
 
 @pytest.mark.parametrize(("where", "value"), [

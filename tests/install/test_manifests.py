@@ -53,6 +53,7 @@ from gpu_admission.decision import RequestFacts
 from gpu_admission.engine import evaluate, gpu_containers
 from gpu_admission.install_certs import install_certs
 from gpu_admission.kube.dra import RESOURCES as DRA_RESOURCES
+from gpu_admission.kube.nodes import NODES
 from gpu_admission.policy.model import default_policy, load_policy
 from gpu_admission.server.app import create_app, create_probe_app
 from gpu_admission.server.cli import serve
@@ -658,9 +659,12 @@ def test_rbac_is_least_privilege() -> None:
         {"apiGroups": ["resource.k8s.io"],
          "resources": ["deviceclasses", "resourceclaims", "resourceclaimtemplates"],
          "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
-    # exactly what the cache watches: nothing more, nothing less
-    assert {r.name for r in DRA_RESOURCES} == {x for rule in reader for x in rule["resources"]}
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        # issue 33: the Node cache (serve --kubeconfig, gpu_admission/kube/nodes.py)
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    # exactly what the caches watch: nothing more, nothing less
+    assert {r.name for r in DRA_RESOURCES} | {NODES.name} == {
+        x for rule in reader for x in rule["resources"]}
 
     args = job_spec["containers"][0]["args"]
     secret, config = flag(args, "--secret"), flag(args, "--webhook-config")

@@ -239,10 +239,11 @@ class MemoryUnit:
                  "(upsert | ok | exceeds | invalid | unverifiable)")
         src = var("memSource")
         cur = pyrepr(trunc("w.current", 20))
+        way_out = lit("; " + memory.WAY_OUT)  # issue 33: a denial names the way out
         message = (f'w.state == "unverifiable" ? w.name + " uses valueFrom; cannot check it is " '
                    f"+ w.expected\n"
                    f'  : w.state == "exceeds" ? w.name + "=" + {cur} + " exceeds the GPU memory '
-                   f'allowed on a shared GPU (" + {src} + "): must be " + w.expected\n'
+                   f'allowed on a shared GPU (" + {src} + "): must be " + w.expected + {way_out}\n'
                    f'  : w.name + "=" + {cur} + " is not a valid value; expected " + w.expected '
                    f'+ " (" + {src} + ")"')
         rule = (f'w.state == "unverifiable" ? {lit(memory.UNVERIFIABLE)} : '
