@@ -341,8 +341,8 @@ def _decide(review: Review, state: ServerState,
     try:
         decision = (evaluate_claim(review.obj, review.kind, facts, policy, dra) if claim
                     else evaluate(review.obj, facts, policy, dra, nodes))
-        body = _render(review, decision, effective,
-                       _new_warnings(review, decision, stage, facts, policy=policy, dra=dra, nodes=nodes))
+        said = _new_warnings(review, decision, stage, facts, policy=policy, dra=dra, nodes=nodes)
+        body = _render(review, decision, effective, said)
         record = None if state.decision_log is None else decision_record(
             decision=decision, facts=facts, pod=review.obj, uid=review.uid,
             policy_digest=digest, instance=state.config.instance)

@@ -96,7 +96,7 @@ def table(r: Result) -> str:
     return "\n".join(lines)
 
 
-@click.command("simulate")
+@click.command("simulate", short_help="Replay a fleet's pods through the placement.")
 @click.option("--nodes", "nodes", required=True, metavar="FILE",
               help="openb node CSV, or Node objects (kubectl get nodes -o yaml)")
 @click.option("--pods", "pods", required=True, metavar="FILE",
