@@ -124,7 +124,10 @@ def _get(client: Any, path: str, accept: str) -> bytes:
         reason = getattr(exc, "status", None) or exc
         raise InputError(f"GET {path}: {reason}") from None
     if not 200 <= response.status < 300:
-        raise InputError(f"GET {path}: HTTP {response.status}")
+        hint = (" (reading the API server's metrics needs `get` on the non-resource URL "
+                "/metrics, e.g. ClusterRole system:monitoring)"
+                if path == "/metrics" and response.status == 403 else "")
+        raise InputError(f"GET {path}: HTTP {response.status}{hint}")
     return bytes(response.data or b"")
 
 
@@ -148,20 +151,17 @@ def evaluation_errors(text: str) -> dict[tuple[str, str], dict[str, int]]:
     zero (the Prometheus text format, parsed with prometheus_client's parser)."""
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-    kinds = {name.removesuffix("_total"): kind for kind, name in CHECK_METRICS.items()}
+    kinds = {name: kind for kind, name in CHECK_METRICS.items()}
     out: dict[tuple[str, str], dict[str, int]] = {}
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError as exc:
         raise InputError(f"GET /metrics: not the Prometheus text format: {exc}") from None
     for family in families:
-        kind = kinds.get(family.name)
-        if kind is None:
-            continue
-        for sample in family.samples:
+        for sample in family.samples:  # by the sample's own name, whatever the family
+            kind = kinds.get(sample.name)
             error = sample.labels.get("error_type", "")
-            if not sample.name.endswith("_total") or error in ("", "no_error") \
-                    or sample.value <= 0:
+            if kind is None or error in ("", "no_error") or sample.value <= 0:
                 continue
             per = out.setdefault((kind, sample.labels.get("policy", "")), {})
             per[error] = per.get(error, 0) + int(sample.value)

@@ -15,7 +15,7 @@ a policy with every rule in every mode, the guard half (compiled, the shipped
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from gpu_admission.compile.evaluator import (
     run,
 )
 from gpu_admission.compile.guard import compile_guard
+from gpu_admission.compile.offline import as_admitted
 from gpu_admission.decision import RequestFacts
 from gpu_admission.policy.model import RULE_IDS, Policy, default_policy, policy_from_dict
 from tests.builders import make_container, make_pod
@@ -109,7 +110,7 @@ def _debugged(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-PODS = {
+PODS = {name: as_admitted(pod) for name, pod in {
     "cpu": _cpu(),
     "cpu-init": make_pod(containers=[make_container(gpu=None)],
                          init_containers=[make_container("init", gpu=None)]),
@@ -126,28 +127,27 @@ PODS = {
     "gpu-other-scheduler": make_pod(containers=[make_container()], scheduler_name="volcano"),
     "gpu-shared": make_pod(containers=[make_container(resource="nvidia.com/gpu.shared")],
                            node_selector={"gpu-admission.io/cuda-version": "12.1"}),
-}
+}.items()}  # as the API server hands them to admission (quantities as strings)
 
 
 def shapes() -> Iterator[tuple[str, dict[str, Any], RequestFacts]]:
     """Every request shape the API server sends for what the objects match (CREATE, UPDATE of
     pods and of pods/ephemeralcontainers), each pod named and from generateName."""
     users = (("alice", ("system:authenticated",)), ("", ()))
-    for name, pod in PODS.items():
-        for user, groups in users:
-            who = f"{user or 'nobody'}"
-            yield (f"{name}/CREATE/{who}", pod,
-                   RequestFacts("team-a", user=user, groups=groups))
-            yield (f"{name}/CREATE-generateName/{who}", _unnamed(pod),
-                   RequestFacts("team-a", user=user, groups=groups))
+    for i, (name, pod) in enumerate(PODS.items()):
+        user, groups = users[i % 2]  # with and without a username and groups
+        yield f"{name}/CREATE", pod, RequestFacts("team-a", user=user, groups=groups)
+        user, groups = users[(i + 1) % 2]
+        yield (f"{name}/CREATE-generateName", _unnamed(pod),
+               RequestFacts("team-a", user=user, groups=groups))
         yield (f"{name}/CREATE-dryRun", pod, RequestFacts("team-a", dry_run=True, user="bob"))
         yield f"{name}/UPDATE", pod, RequestFacts("team-a", operation="UPDATE", user="bob")
         yield (f"{name}/UPDATE-ephemeralcontainers", _debugged(pod),
                RequestFacts("team-a", operation="UPDATE", user="bob",
                             sub_resource="ephemeralcontainers"))
-        yield (f"{name}/UPDATE-ephemeralcontainers-again", _debugged(pod),
-               RequestFacts("team-a", operation="UPDATE", sub_resource="ephemeralcontainers",
-                            existing_ephemeral=frozenset({"debugger"})))
+    yield ("cpu/UPDATE-ephemeralcontainers-again", _debugged(PODS["cpu"]),
+           RequestFacts("team-a", operation="UPDATE", sub_resource="ephemeralcontainers",
+                        existing_ephemeral=frozenset({"debugger"})))
 
 
 def _matches(rules: list[dict[str, Any]], facts: RequestFacts) -> bool:
@@ -161,6 +161,7 @@ def walk(objects: list[dict[str, Any]]) -> list[str]:
     errors: list[str] = []
     for ident, pod, facts in shapes():
         activation = activation_of(pod, facts, namespace_labels(facts.namespace))
+        cache: dict[str, Any] = {}  # the objects repeat variables: each computed once
         for obj in objects:
             name = f"{obj['kind']} {obj['metadata']['name']}"
             if obj["kind"].endswith("WebhookConfiguration"):
@@ -176,7 +177,7 @@ def walk(objects: list[dict[str, Any]]) -> list[str]:
             spec = obj["spec"]
             if not _matches(spec["matchConstraints"]["resourceRules"], facts):
                 continue
-            values = Variables(spec, activation, {})
+            values = Variables(spec, activation, cache)
             act = {**activation, "variables": values}
             named: list[tuple[str, str]] = []
             named += [(f"matchCondition {c['name']}", c["expression"])
@@ -214,7 +215,7 @@ def _eval(where: str, expression: str, activation: dict[str, Any], ident: str) -
 
 def every_rule_in(mode: str) -> Policy:
     doc = modes_policy().model_dump(mode="json", by_alias=True)
-    doc["spec"]["rules"] = {rule: mode for rule in RULE_IDS}
+    doc["spec"]["rules"] = dict.fromkeys(RULE_IDS, mode)
     doc["metadata"]["name"] = f"all-{mode}"
     return policy_from_dict(doc)
 
@@ -245,7 +246,7 @@ def _kustomize_webhooks() -> list[dict[str, Any]]:
              "webhooks": hooks}]
 
 
-OBJECT_SETS = {
+OBJECT_SETS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "built-in": lambda: compile_policy(default_policy(), partial=True).objects,
     "built-in-guard": lambda: compile_guard(default_policy()).objects,
     "shipped-guard-policies.yaml": _shipped_guard,
@@ -255,7 +256,22 @@ OBJECT_SETS = {
     "every-rule-guard-warn": lambda: compile_guard(every_rule_in("warn")).objects,
     "every-rule-guard-audit": lambda: compile_guard(every_rule_in("audit")).objects,
     "kustomize-webhooks": _kustomize_webhooks,
+    "chart": lambda: _chart(None),
+    "chart-every-rule-warn-webhook-guard": lambda: _chart(
+        {"policy": {"spec": {"rules": dict.fromkeys(RULE_IDS, "warn")}},
+         "webhook": {"guard": "webhook"}}),
 }
+
+
+def _chart(values: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The chart's admission objects as Helm renders them for a 1.36 API server (its guard
+    policies and its webhook configurations' matchConditions)."""
+    from tests.chart_support import render_chart  # noqa: PLC0415 - needs the Helm SDK
+
+    docs = [d for d in render_chart(values) if d.get("kind", "").endswith(
+        ("AdmissionPolicy", "WebhookConfiguration"))]
+    assert docs
+    return docs
 
 
 @pytest.mark.parametrize("name", list(OBJECT_SETS))
