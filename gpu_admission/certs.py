@@ -186,12 +186,12 @@ def needs_renewal(bundle: CertBundle, dns_names: list[str], *,
     return None
 
 
-@click.group(name="certs")
+@click.group(name="certs", short_help="Create the webhook's TLS certificates.")
 def certs() -> None:
     """Create certificates for the webhook's HTTPS endpoint."""
 
 
-@certs.command(name="generate")
+@certs.command(name="generate", short_help="Write a new CA and serving certificate.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               required=True, help="Directory for ca.crt, tls.crt, tls.key.")
 @click.option("--service", default=DEFAULT_SERVICE, show_default=True,

@@ -17,7 +17,7 @@ the document and the field).
 object with every pod template's patch applied (denied pods are not patched).
 
 DRA (docs/dra.md): DeviceClasses, ResourceClaimTemplates and ResourceClaims in the files (and,
-with ``--cluster``, listed from a cluster) form the snapshot DRA pods are decided against; each
+with ``--kubeconfig``, listed from a cluster) form the snapshot DRA pods are decided against; each
 claim and template also gets a row of its own (the claim rule set, ``template`` "").
 
 ``--compiled`` (docs/compile.md): the same output, decided by evaluating the CEL of the
@@ -35,6 +35,7 @@ import click
 import orjson
 import yaml
 
+from gpu_admission.cli_options import kubeconfig_option
 from gpu_admission.decision import Decision, RequestFacts
 from gpu_admission.dra.model import DraSourceError
 from gpu_admission.dra.offline import OfflineDra, is_dra_object
@@ -62,7 +63,7 @@ class _NoAliasDumper(yaml.SafeDumper):
 def offline_uid(name: str, index: int, pointer: str) -> str:
     """The request UID an offline evaluation uses (the API server sends a random UUID):
     stable per file, document and template, so the output is reproducible. It names a
-    fractional pod's ConfigMap (``gpu-admission-gpu-<uid>``, README "Fractional GPUs")."""
+    fractional pod's ConfigMap (``gpu-admission-gpu-<uid>``, docs/fractional.md)."""
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-admission-evaluate:{name}#{index}{pointer}"))
 
 
@@ -127,7 +128,7 @@ def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
             "existing_ephemeral": frozenset(n for n in names[:-1] if isinstance(n, str))}
 
 
-@click.command(name="evaluate")
+@click.command(name="evaluate", short_help="Decide pods and workloads offline.")
 @click.option("-f", "--filename", "filenames", multiple=True, required=True,
               metavar="FILE", help="YAML/JSON file (multi-document ok); '-' reads stdin.")
 @click.option("--policy", "policy_path", type=click.Path(path_type=Path, dir_okay=False),
@@ -142,9 +143,10 @@ def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
               show_default=True, help="mutate: the mutating webhook; validate: re-check only.")
 @click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text",
               show_default=True)
-@click.option("--cluster", default=None, metavar="KUBECONFIG|in-cluster",
-              help="Also read DeviceClasses, ResourceClaimTemplates, ResourceClaims and the "
-                   "pods naming claims from this cluster (read only) to decide DRA pods.")
+@kubeconfig_option("--cluster",
+                   help="Also read DeviceClasses, ResourceClaimTemplates, ResourceClaims and "
+                        "the pods naming claims from this cluster (read only) to decide DRA "
+                        "pods: a kubeconfig file or in-cluster.")
 @click.option("--compiled", is_flag=True,
               help="Decide with the compiled admission policies (`gpu-admission compile`), "
                    "evaluated with cel-python, instead of the engine (docs/compile.md).")
@@ -153,7 +155,7 @@ def _debug_facts(pod: dict[str, Any]) -> dict[str, Any]:
                    "that adds its last ephemeral container (docs/guard.md).")
 def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace: str | None,
              user: str, groups: tuple[str, ...], operation: str, stage: str,
-             output: str, cluster: str | None, compiled: bool, ephemeral: bool) -> None:
+             output: str, kubeconfig: str | None, compiled: bool, ephemeral: bool) -> None:
     """Evaluate Pods and workloads' pod templates offline against the GPU sharing policy.
 
     Exit code 0 when everything is allowed, 1 when anything is denied, 2 for unusable input.
@@ -180,13 +182,13 @@ def evaluate(*, filenames: tuple[str, ...], policy_path: Path | None, namespace:
     # Parse and check every input before printing anything, so exit 2 means "nothing evaluated".
     jobs: list[tuple[str, int, dict[str, Any], list[PodTemplate]]] = []
     dra = OfflineDra()  # DeviceClasses, claims, templates: docs/dra.md
-    if cluster is not None:
+    if kubeconfig is not None:
         try:
             from gpu_admission.kube.dra import list_objects  # noqa: PLC0415 - kubernetes: slow
 
-            dra.load_cluster(list_objects(cluster))
+            dra.load_cluster(list_objects(kubeconfig))
         except DraSourceError as exc:
-            raise InputError(f"--cluster: {exc}") from None
+            raise InputError(f"--kubeconfig: {exc}") from None
     for name in filenames:
         for index, doc in enumerate(read_documents(name), start=1):
             try:

@@ -32,7 +32,6 @@ import base64
 import dataclasses
 import datetime as dt
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from gpu_admission.certs import (
     not_after,
     service_dns_names,
 )
+from gpu_admission.cli_options import IN_CLUSTER, NoClusterError, resolve_kubeconfig
 
 TLS_SECRET_TYPE = "kubernetes.io/tls"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpu-admission-install-certs"}
@@ -260,24 +260,27 @@ def ensure_ca_bundles(admission: k8s.AdmissionregistrationV1Api, opts: Options, 
 
 
 def api_client(kubeconfig: Path | None, context: str | None) -> k8s.ApiClient:
-    """An ApiClient from ``--kubeconfig``, else in-cluster credentials when running in a pod,
-    else the default kubeconfig ($KUBECONFIG or ~/.kube/config). No global client state."""
+    """An ApiClient from ``--kubeconfig``, else $KUBECONFIG, else ~/.kube/config, else
+    in-cluster credentials when running in a pod (:func:`~gpu_admission.cli_options.
+    resolve_kubeconfig`, as every command). No global client state."""
     try:
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        where = resolve_kubeconfig(str(kubeconfig) if kubeconfig else None)
+    except NoClusterError as exc:
+        raise InstallError(exc.message) from None
+    try:
+        if where == IN_CLUSTER:
             configuration = k8s.Configuration()
             k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=configuration)
             return k8s.ApiClient(configuration)
         api: k8s.ApiClient = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig) if kubeconfig else None, context=context,
-            persist_config=False)
+            config_file=where, context=context, persist_config=False)
         return api
     except (ConfigException, OSError, ValueError) as exc:
-        where = kubeconfig or "in-cluster or default kubeconfig"
         raise InstallError(f"cannot load Kubernetes credentials ({where}): {exc}") from None
 
 
-@click.command(name="install-certs")
+@click.command(name="install-certs", short_help="Create or rotate the webhook's TLS Secret.")
 @click.option("--namespace", default=DEFAULT_NAMESPACE, show_default=True,
               help="Namespace of the webhook Service and the TLS Secret.")
 @click.option("--service", default=DEFAULT_SERVICE, show_default=True,
@@ -291,8 +294,8 @@ def api_client(kubeconfig: Path | None, context: str | None) -> k8s.ApiClient:
 @click.option("--renew-before", type=click.IntRange(min=0), default=30, show_default=True,
               help="Renew when fewer than this many days of validity are left.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Kubeconfig file. Default: in-cluster credentials inside a pod, else "
-                   "$KUBECONFIG or ~/.kube/config.")
+              help="Kubeconfig file. Default: $KUBECONFIG, ~/.kube/config, then in-cluster "
+                   "credentials inside a pod.")
 @click.option("--context", default=None, help="Kubeconfig context to use.")
 def install_certs(*, namespace: str, service: str, secret: str | None,
                   webhook_configs: tuple[str, ...], days: int, renew_before: int,

@@ -1,6 +1,6 @@
 """Reading the Kubernetes manifests a user hands a command (``evaluate -f``, ``images scan
--f``): files or stdin, YAML or JSON, ``List`` kinds expanded. File I/O (floor 2, README "How it
-is built"), shared by the command-line faces.
+-f``): files or stdin, YAML or JSON, ``List`` kinds expanded. File I/O (floor 2,
+docs/architecture.md), shared by the command-line faces.
 """
 
 from __future__ import annotations

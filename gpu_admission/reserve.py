@@ -25,6 +25,7 @@ from typing import Any
 
 import click
 
+from gpu_admission.cli_options import kubeconfig_option, resolve_kubeconfig
 from gpu_admission.vocab import GPU_UUID_ANNOTATION
 
 
@@ -83,12 +84,12 @@ async def _hold() -> None:
     await stop.wait()
 
 
-@click.command(name="reserve")
-@click.option("--kube", "source", default="in-cluster", show_default=True,
-              metavar="in-cluster|KUBECONFIG", help="How to reach the API server.")
+@click.command(name="reserve", short_help="Hold a GPU for a reservation pod.")
+@kubeconfig_option("--kube", help="How to reach the API server: a kubeconfig file or "
+                   "in-cluster. Default: $KUBECONFIG, ~/.kube/config, then in-cluster.")
 @click.option("--hold/--no-hold", default=True, show_default=True,
               help="After publishing, sleep until SIGTERM (keeps the GPU reserved).")
-def reserve(source: str, hold: bool) -> None:
+def reserve(kubeconfig: str | None, hold: bool) -> None:
     """Publish the UUID of this reservation pod's GPU on the pod, then hold the GPU."""
     missing = [v for v in ("POD_NAME", "POD_NAMESPACE") if not os.environ.get(v)]
     if missing:
@@ -100,6 +101,7 @@ def reserve(source: str, hold: bool) -> None:
         uuid = gpu_uuid()
     except ReserveError as exc:
         raise click.ClickException(str(exc)) from None
+    source = resolve_kubeconfig(kubeconfig)
     try:
         publish(source, namespace, name, uuid)
     except Exception as exc:

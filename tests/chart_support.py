@@ -32,37 +32,42 @@ HELM_ANNOTATION_PREFIXES = ("helm.sh/", "meta.helm.sh/")
 #: ``helm template --api-versions``): the compiled guard is rendered (docs/compile.md).
 MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
 API_1_36 = (MAP_API, "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+#: The cluster version Helm renders for (``helm template --kube-version``; ``helm install``
+#: asks the cluster): the kustomize base pins kube-scheduler v1.36.2, the chart follows it.
+KUBE_VERSION = "v1.36.2"
 
 
 def render_files(values: dict[str, Any] | None = None, *, name: str = RELEASE,
-                 namespace: str = NAMESPACE,
-                 api_versions: tuple[str, ...] = API_1_36) -> dict[str, str]:
+                 namespace: str = NAMESPACE, api_versions: tuple[str, ...] = API_1_36,
+                 kube_version: str = KUBE_VERSION) -> dict[str, str]:
     """Template path -> rendered text, as ``helm template`` / ``helm install`` render it
     (the chart's values.schema.json is applied; a schema violation raises HelmValuesError).
     ``api_versions``: ``helm template --api-versions`` (default: a 1.36+ API server; ``()``:
-    Helm's built-in set, which has no MutatingAdmissionPolicy)."""
+    Helm's built-in set, which has no MutatingAdmissionPolicy). ``kube_version``: ``helm
+    template --kube-version`` (what ``.Capabilities.KubeVersion`` says)."""
     with helm.Chart.load(CHART) as chart:
-        if not api_versions:
-            return chart.render(values, name=name, namespace=namespace, is_install=True)
-        # helm-python-sdk's render() does not expose --api-versions; its native call takes it
-        # (helm-c-sdk wrapper options: "api_versions").
+        # helm-python-sdk's render() exposes neither --api-versions nor --kube-version; its
+        # native call takes both (helm-c-sdk wrapper options: "api_versions", "kube_version")
         from helm_python import _native  # noqa: PLC0415
         from helm_python.chart import _dumps  # noqa: PLC0415
 
-        options = {"name": name, "namespace": namespace, "is_install": True,
-                   "api_versions": list(api_versions)}
+        options: dict[str, Any] = {"name": name, "namespace": namespace, "is_install": True,
+                                   "kube_version": kube_version}
+        if api_versions:
+            options["api_versions"] = list(api_versions)
         rendered: dict[str, str] = json.loads(_native.call_string(
             "helm_render", chart._raw(), _dumps(values), json.dumps(options)))
         return rendered
 
 
 def render_chart(values: dict[str, Any] | None = None, *, name: str = RELEASE,
-                 namespace: str = NAMESPACE,
-                 api_versions: tuple[str, ...] = API_1_36) -> list[dict[str, Any]]:
+                 namespace: str = NAMESPACE, api_versions: tuple[str, ...] = API_1_36,
+                 kube_version: str = KUBE_VERSION) -> list[dict[str, Any]]:
     """The Kubernetes objects the chart installs (NOTES.txt excluded), in template order."""
     docs: list[dict[str, Any]] = []
     for path, text in sorted(render_files(values, name=name, namespace=namespace,
-                                          api_versions=api_versions).items()):
+                                          api_versions=api_versions,
+                                          kube_version=kube_version).items()):
         if path.endswith("NOTES.txt"):
             continue
         docs.extend(d for d in yaml.safe_load_all(text) if d)

@@ -108,6 +108,13 @@ class FakeApiServer:
     #: the body of ``GET /metrics`` (the Prometheus text format, as kube-apiserver serves it
     #: to a client allowed ``get`` on the non-resource URL); None: 403 Forbidden
     metrics: str | None = ""
+    #: (method, path regex) -> a gate: matching object calls wait until it is set (a call
+    #: held in flight); :attr:`held` lists (method, path) of each call that reached one
+    holds: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    held: list[tuple[str, str]] = field(default_factory=list)
+    #: seconds every object call waits before it is served (a remote API server's latency,
+    #: for benchmarks; 0 in tests)
+    latency: float = 0.0
 
     def __post_init__(self) -> None:
         self.lists_open.set()
@@ -330,6 +337,12 @@ async def handle_object(fake: FakeApiServer, request: web.Request) -> web.Respon
     for (method, pattern), code in fake.failures.items():
         if method == request.method and re.search(pattern, request.path):
             return status_response(code, "InternalError", "injected failure")
+    if fake.latency:
+        await asyncio.sleep(fake.latency)
+    for (method, pattern), gate in list(fake.holds.items()):
+        if method == request.method and re.search(pattern, request.path):
+            fake.held.append((request.method, request.path))
+            await gate.wait()  # a test holds this call in flight until it sets the gate
     resource, namespace, name, sub = m["resource"], m["ns"] or "", m["name"], m["sub"]
     collection = BY_RESOURCE[resource]
     body: Any = None
@@ -367,6 +380,11 @@ async def handle_object(fake: FakeApiServer, request: web.Request) -> web.Respon
                 if any(r.get("uid") == uid for r in refs):
                     fake._event("DELETED", owned)
     elif request.method == "POST" and sub == "binding" and resource == "pods":
+        uid = ((body or {}).get("metadata") or {}).get("uid")
+        if uid and uid != stored["metadata"].get("uid"):  # BindingREST's UID precondition
+            return status_response(409, "Conflict", f'Operation cannot be fulfilled on pods '
+                                   f'"{name}": Precondition failed: UID in precondition: '
+                                   f'{uid}, UID in object meta: {stored["metadata"]["uid"]}')
         if stored.get("spec", {}).get("nodeName"):
             return status_response(409, "Conflict", f'pod {name} is already assigned to node '
                                    f'"{stored["spec"]["nodeName"]}"')

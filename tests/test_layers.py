@@ -1,5 +1,5 @@
 """The floors of gpu_admission and the import directions between them, written down once
-(:data:`FLOORS`; README "How it is built" describes them), and an AST walk over every module
+(:data:`FLOORS`; docs/architecture.md describes them), and an AST walk over every module
 that fails when an import breaks them.
 
 Rules checked, per module of ``gpu_admission/`` (lazy imports inside functions included):
@@ -54,7 +54,7 @@ FLOORS: Final[tuple[tuple[str, str, tuple[str, ...]], ...]] = (
         "server", "server.wire", "server.config", "server.tls", "server.logs", "server.metrics",
         "server.reload")),
     ("faces", "what a user or the cluster runs: commands, servers, controllers", (
-        "__main__", "cli", "evaluate_cli", "install_certs", "reserve",
+        "__main__", "cli", "cli_options", "evaluate_cli", "install_certs", "reserve",
         "server.app", "server.run", "server.cli", "extender", "extender.app", "extender.cli",
         "compile.cli", "report.cli", "reclaim.controller", "reclaim.cli", "images.cli",
         "auditlog.cli")),
@@ -189,7 +189,7 @@ def imports(module: str, source: Source, modules: Mapping[str, Source]) -> Itera
 
 def unassigned(modules: Mapping[str, Source]) -> list[str]:
     return [f"{s.path}: {PACKAGE}.{m}".rstrip(".") + " has no floor: add it to FLOORS in "
-            "tests/test_layers.py (and to README \"How it is built\")"
+            "tests/test_layers.py (and to docs/architecture.md)"
             for m, s in modules.items() if floor_of(m) is None]
 
 
@@ -235,7 +235,7 @@ def test_every_floor_entry_names_a_module() -> None:
 
 def test_imports_follow_the_floors() -> None:
     found = violations(package_sources())
-    assert not found, "imports that break the floors (README \"How it is built\"):\n" + "\n".join(
+    assert not found, "imports that break the floors (docs/architecture.md):\n" + "\n".join(
         found)
 
 
@@ -322,4 +322,4 @@ def test_a_new_module_needs_a_floor(module: str, floor: int | None) -> None:
     path = module.replace(".", "/")
     assert found == ([] if floor is not None else [
         f"gpu_admission/{path}.py: gpu_admission.{module} has no floor: add it to FLOORS in "
-        "tests/test_layers.py (and to README \"How it is built\")"])
+        "tests/test_layers.py (and to docs/architecture.md)"])

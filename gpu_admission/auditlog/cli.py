@@ -35,6 +35,7 @@ from gpu_admission.auditlog.query import (
 )
 from gpu_admission.auditlog.reader import DEFAULT_WEBHOOK_DOMAIN, InputError, read_entries
 from gpu_admission.auditlog.report import render_html
+from gpu_admission.cli_options import aliases
 
 MIN_WIDTH: Final = 80  # tables are laid out for an 80-column terminal at least
 BAD_SHOWN: Final = 20  # bad lines echoed on stderr; the rest are counted
@@ -134,7 +135,7 @@ output_option = click.option("-o", "--output", "fmt", default="table", show_defa
                              type=click.Choice(["table", "json", "csv"]))
 
 
-@click.group(name="audit")
+@click.group(name="audit", short_help="Review the webhook's decisions.")
 @click.option("--webhook", "domains", multiple=True, metavar="NAME",
               default=(DEFAULT_WEBHOOK_DOMAIN,), show_default=True,
               help="In API server audit logs, annotations of webhooks named NAME, "
@@ -146,7 +147,8 @@ def audit(ctx: click.Context, domains: tuple[str, ...], progress: bool | None) -
     """Review gpu-admission decisions from decision logs or API server audit logs.
 
     INPUTS are files, globs ('/var/log/gpu-admission/audit.log*' includes rotated and
-    gzipped files) or '-' for stdin (the default).
+    gzipped files), pipes such as <(kubectl logs ...), or '-' for stdin (the default).
+    The server's own log lines in a mixed stream (serve --audit-log -) are skipped.
     """
     ctx.obj = Context(domains, progress)
 
@@ -224,7 +226,8 @@ def summary(obj: Context, /, inputs: tuple[str, ...], fmt: str, top: int, **kw: 
         click.echo(f"filter: {filt.describe()}")
         click.echo(f"read {stats.files} file(s), {stats.lines} lines, "
                    f"{stats.events_skipped} audit events without our annotations, "
-                   f"{stats.bad} bad lines")
+                   + (f"{stats.log_lines} server log lines, " if stats.log_lines else "")
+                   + f"{stats.bad} bad lines")
         for dim in DIMENSIONS:
             rows_ = result.rows(dim, top)
             if not rows_:
@@ -378,14 +381,20 @@ def show(obj: Context, /, uid: str, inputs: tuple[str, ...], fmt: str, **kw: Any
 
 # ---- report ----------------------------------------------------------------------------
 
-@audit.command()
+_HTML_FILE: Final = click.Path(dir_okay=False, writable=True, path_type=Path)
+
+
+@audit.command(short_help="A self-contained HTML page of the decisions.")
 @filter_options
-@click.option("--html", "html_file", required=True, metavar="FILE",
-              type=click.Path(dir_okay=False, writable=True, path_type=Path),
-              help="Where to write the self-contained HTML page.")
+@aliases("html_file", "--out", "--html", type=_HTML_FILE)
+@click.option("--out", "html_file", default=None, metavar="FILE", type=_HTML_FILE,
+              help="Where to write the self-contained HTML page (required).")
 @click.pass_obj
-def report(obj: Context, /, inputs: tuple[str, ...], html_file: Path, **kw: Any) -> None:
+def report(obj: Context, /, inputs: tuple[str, ...], html_file: Path | None,
+           **kw: Any) -> None:
     """A self-contained HTML page with summary tables and charts over time."""
+    if html_file is None:
+        raise click.UsageError("Missing option '--out' (the HTML page to write).")
     filt = make_filter(kw)
     result = Summary()
     for entry in obj.entries(inputs, filt):

@@ -33,6 +33,7 @@ class ReadStats:
     lines: int = 0
     records: int = 0  # decisions produced (an Event can give 0..n)
     events_skipped: int = 0  # audit Events without annotations of our webhooks
+    log_lines: int = 0  # the server's own JSON log lines met in a mixed stream (not bad)
     bad: int = 0
     bad_samples: list[BadLine] = field(default_factory=list)
 
@@ -45,7 +46,8 @@ class ReadStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"files": self.files, "lines": self.lines, "records": self.records,
-                "eventsSkipped": self.events_skipped, "badLines": self.bad,
+                "eventsSkipped": self.events_skipped, "logLines": self.log_lines,
+                "badLines": self.bad,
                 "badSamples": [str(b) for b in self.bad_samples]}
 
 

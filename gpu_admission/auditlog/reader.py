@@ -6,6 +6,9 @@ objects whose ``record`` has the decision-record shape of
 not care where a decision came from.
 
 * Decision log lines (``schemaVersion`` present) are taken as they are.
+* The server's own log lines (structlog JSON objects with ``event``, ``level`` and
+  ``timestamp``, :mod:`gpu_admission.server.logs`) are counted and skipped, never bad: with
+  ``serve --audit-log -`` decisions and log lines share one stream (``kubectl logs``).
 * ``audit.k8s.io/v1`` ``Event`` lines (the API server's ``--audit-log-path`` log backend
   writes one JSON Event per line; the webhook backend sends ``EventList`` batches) carry our
   ``auditAnnotations`` under ``<webhook name>/<key>``
@@ -44,6 +47,8 @@ from gpu_admission.auditlog.record import patch_paths
 DEFAULT_WEBHOOK_DOMAIN: Final = "gpu-admission.io"
 STDIN: Final = "-"
 GZIP_MAGIC: Final = b"\x1f\x8b"
+#: the keys every line of the server's structlog logger has (gpu_admission.server.logs)
+LOG_LINE_KEYS: Final = ("event", "level", "timestamp")
 
 AUDIT_API_VERSION: Final = "audit.k8s.io/v1"
 MUTATION_KEY: Final = "mutation.webhook.admission.k8s.io/"
@@ -88,7 +93,8 @@ def webhook_matches(name: str, domains: Sequence[str]) -> bool:
 # ---- inputs ----------------------------------------------------------------------------
 
 def expand_inputs(specs: Sequence[str]) -> list[str]:
-    """Files, globs (``audit.log*`` picks up rotated and ``.gz`` files) or ``-`` (stdin).
+    """Files, globs (``audit.log*`` picks up rotated and ``.gz`` files), any other readable
+    path (a named pipe, ``/dev/fd/N`` of a shell's ``<(…)``) or ``-`` (stdin).
 
     Glob matches are sorted; order does not matter for results (``list`` sorts by time).
     """
@@ -104,7 +110,7 @@ def expand_inputs(specs: Sequence[str]) -> list[str]:
             out.extend(matches)
         elif Path(spec).is_dir():
             raise InputError(f"{spec!r} is a directory; pass files or a glob like '{spec}/*'")
-        elif not Path(spec).is_file():
+        elif not Path(spec).exists():  # pipes and /dev/fd/N (process substitution) exist
             raise InputError(f"no such file: {spec!r}")
         else:
             out.append(spec)
@@ -287,6 +293,13 @@ def read_entries(specs: Sequence[str], *, stats: ReadStats,
             progress(label, stats)
 
 
+def is_log_line(obj: Mapping[str, Any]) -> bool:
+    """A structlog line of the server (``event``, ``level`` and ``timestamp`` strings, no
+    ``schemaVersion``, no ``apiVersion``): what ``serve`` writes beside its decisions."""
+    return ("apiVersion" not in obj
+            and all(isinstance(obj.get(key), str) for key in LOG_LINE_KEYS))
+
+
 def _parse(raw: bytes, stats: ReadStats, domains: Sequence[str]
            ) -> list[tuple[datetime, dict[str, Any]]]:
     """The decisions in one line; raises RecordError/JSONDecodeError for a bad line."""
@@ -295,6 +308,9 @@ def _parse(raw: bytes, stats: ReadStats, domains: Sequence[str]
         raise RecordError(f"expected a JSON object, got {type(obj).__name__}")
     if "schemaVersion" in obj:
         return [(_check_record(obj), obj)]
+    if is_log_line(obj):
+        stats.log_lines += 1
+        return []
     if obj.get("apiVersion") != AUDIT_API_VERSION or obj.get("kind") not in ("Event",
                                                                              "EventList"):
         raise RecordError("neither a decision record (no 'schemaVersion') nor an "

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from gpu_admission.cli_options import aliases
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 
 from .compiler import CompileFailure, compile_policy, webhook_policy
@@ -283,10 +284,11 @@ def _webhook(name: str, path: str, rule: dict[str, Any], *, reinvoke: bool) -> d
     return webhook
 
 
-@click.command(name="compile")
+@click.command(name="compile", short_help="Compile the policy into admission policies.")
 @click.option("--policy", "policy_path", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="GPUSharingPolicy file (default: the built-in policy).")
-@click.option("-o", "--output", default="-", show_default=True, metavar="FILE|-",
+@aliases("output", "--out", "-o", "--output")
+@click.option("--out", "output", default="-", show_default=True, metavar="FILE|-",
               help="Where to write the YAML stream ('-': stdout).")
 @click.option("--partial", is_flag=True, hidden=True,
               help="The default (kept for scripts): compile what CEL can express.")
@@ -304,7 +306,8 @@ def _webhook(name: str, path: str, rule: dict[str, Any], *, reinvoke: bool) -> d
                    "warnings or failed evaluations (API server /metrics); with --guard also "
                    "drift from this policy's guard. Exit 1 on any.")
 @click.option("--kubeconfig", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="With --check: kubeconfig (default: in-cluster, then $KUBECONFIG).")
+              help="With --check: kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                   "then in-cluster).")
 @click.option("--context", default=None, help="With --check: kubeconfig context.")
 def compile_command(*, policy_path: Path | None, output: str, partial: bool, strict: bool,
                     guard: bool, helm_template: bool, check: bool, kubeconfig: Path | None,

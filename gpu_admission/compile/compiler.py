@@ -68,7 +68,7 @@ class FractionalPoolsNeedWebhook(CompileFailure):
     """The policy has ``sharing: fractional`` pools: their pods are rewritten (resources, a
     ConfigMap-backed ``NVIDIA_VISIBLE_DEVICES``, annotations from the request UID) for the
     extender's bind, which admission policies cannot do; not even ``--partial`` helps, since
-    every pod may ask for a fraction with the annotation (README "Fractional GPUs")."""
+    every pod may ask for a fraction with the annotation (docs/fractional.md)."""
 
     def __init__(self, fields: list[str]) -> None:
         self.stays = {}

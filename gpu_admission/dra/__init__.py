@@ -9,6 +9,6 @@ Three layers, as everywhere in gpu-admission:
   the second rule set for ResourceClaims/ResourceClaimTemplates themselves;
 * :mod:`gpu_admission.dra.offline`: the same snapshot built from files for ``evaluate``.
 
-All of it is pure (floor 1, README "How it is built"); the watch-backed cache the server
+All of it is pure (floor 1, docs/architecture.md); the watch-backed cache the server
 keeps, the only DRA I/O, is :mod:`gpu_admission.kube.dra`.
 """

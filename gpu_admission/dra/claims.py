@@ -78,7 +78,7 @@ def evaluate_claim(obj: Mapping[str, Any], kind: str, facts: RequestFacts, polic
     violations.extend(Violation(
         UNKNOWN, "spec", f"DeviceClass {c} is not in the files given to evaluate: cannot check "
         "its sharing config; add the file that defines it (-f), or read the cluster's objects "
-        "with --cluster KUBECONFIG" if offline else
+        "with --kubeconfig FILE" if offline else
         f"DeviceClass {c} is not in the webhook's DRA cache: cannot check its "
         "sharing config; retry in a few seconds", compiled.modes[UNKNOWN]) for c in unknown)
     allowed = not any(v.mode is Mode.ENFORCE for v in violations)

@@ -141,7 +141,7 @@ class DraSnapshot:
     claim_users: Mapping[Key, frozenset[str]] = field(default_factory=lambda: _EMPTY)
     extended: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     synced: bool = True
-    #: Built from ``evaluate``'s files (and ``--cluster``), not the webhook's watch cache: a
+    #: Built from ``evaluate``'s files (and ``--kubeconfig``), not the webhook's watch cache: a
     #: missing object is missing from the input, not "not synced yet" (messages say so).
     offline: bool = False
     #: Derived per-request/per-class results of the pure analysis, filled on first use

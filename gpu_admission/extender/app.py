@@ -22,7 +22,7 @@ Filter replies mirror the request form (``pkg/scheduler/extender.go`` ``Filter``
 The filter and prioritize handlers do no I/O: they read the snapshot the background poller
 (:mod:`gpu_admission.extender.gpustate`) last stored and, for fractional pods, the GPU ledger
 the watch keeps (:mod:`gpu_admission.extender.binder`). ``POST <prefix>/bind`` (configured
-with ``--kube``) takes ``ExtenderBindingArgs`` (``PodName``, ``PodNamespace``, ``PodUID``,
+with ``--kubeconfig``) takes ``ExtenderBindingArgs`` (``PodName``, ``PodNamespace``, ``PodUID``,
 ``Node``) and answers ``ExtenderBindingResult`` (``Error``: "" when bound); its API calls run
 in threads.
 """
@@ -351,6 +351,7 @@ def decide(state: ExtenderState, verb: str, body: bytes) -> web.Response:
     placement = policy.spec.placement
     share = fractional_share(args.pod)
     if share is not None and state.kube is not None and state.kube.synced:
+        state.kube.remember(args.pod)  # its bind assumes the share before any API call
         return decide_fractional(state, verb, args, share)
     bad = fractional_error(args.pod)
     if bad and verb == "filter":  # a broken fractional pod fits nowhere; the reason says why
@@ -411,8 +412,8 @@ async def _bind(state: ExtenderState, body: bytes) -> web.Response:
     except ArgsError as exc:
         return _error(400, str(exc))
     if state.binder is None:
-        error = ("gpu-admission extender: the bind verb needs --kube (a kubeconfig or "
-                 "in-cluster) and --namespace; not bound")
+        error = ("gpu-admission extender: the bind verb needs --kubeconfig (a kubeconfig "
+                 "or in-cluster) and --namespace; not bound")
     else:
         try:
             error = await state.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid,
@@ -543,6 +544,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         if state.kube is not None:
             await state.kube.watcher.stop()
             await asyncio.to_thread(state.kube.client.close)
+        if state.binder is not None:  # the bind's own client (issue 36)
+            await state.binder.close()
         state.log.info("extender_stopped")
 
 

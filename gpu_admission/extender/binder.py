@@ -6,15 +6,19 @@
   never hands out memory twice.
 * :meth:`Binder.bind` answers kube-scheduler's ``ExtenderBindingArgs`` (``PodName``,
   ``PodNamespace``, ``PodUID``, ``Node``; ``k8s.io/kube-scheduler/extender/v1/types.go``).
-  For a fractional pod, under one lock: re-check fit on the ledger and choose the GPU
-  (:func:`gpu_admission.placement.fractional.choose`) and record the share; then, without the
-  lock: open the GPU if new (a reservation pod holding one whole ``nvidia.com/gpu``, waiting
-  a bounded time for ``gpu-admission reserve`` to publish the UUID), write the pod's own
-  ConfigMap with the UUID, and only then ``POST pods/{name}/binding``. Any failure undoes
-  what this bind made (the ConfigMap, a reservation it opened) and returns ``Error``, so
-  kube-scheduler forgets the assumed placement and retries (KAI-Scheduler's binder does the
-  same: ``pkg/binder/binding/resourcereservation/resource_reservation.go``). Other pods are
-  bound as kube-scheduler's DefaultBinder does.
+  For a fractional pod, before any API call (no ``await`` in between, so atomic on the event
+  loop): re-check fit on the ledger, choose the GPU
+  (:func:`gpu_admission.placement.fractional.choose`) and record the share as assumed, so the
+  next pod's filter and prioritize count it at once (kube-scheduler sends them while this
+  bind is in flight); the pod's share comes from the pod filter/prioritize saw or the watch
+  (:class:`PodFacts`). Then: open the GPU if new (a reservation pod holding one whole
+  ``nvidia.com/gpu``, waiting a bounded time for ``gpu-admission reserve`` to publish the
+  UUID), write the pod's own ConfigMap with the UUID, and at once ``POST
+  pods/{name}/binding``. Any failure undoes what this bind made (the ConfigMap, a
+  reservation it opened) and returns ``Error``, so kube-scheduler forgets the assumed
+  placement and retries (KAI-Scheduler's binder does the same:
+  ``pkg/binder/binding/resourcereservation/resource_reservation.go``). Other pods are bound
+  as kube-scheduler's DefaultBinder does.
 * Housekeeping on every replica (all idempotent): reservation pods whose last fractional pod
   is gone are deleted (after a grace period longer than any bind in flight), and each node
   of a fractional pool advertises ``gpu-admission.io/gpu-memory`` = GPUs x ``memoryMiB`` in
@@ -23,8 +27,8 @@
 
 Only the leader binds: the extender listens on loopback, and kube-scheduler calls it only
 while it holds the ``gpu-aware-scheduler`` lease (``leaderElection`` in the scheduler
-config). Every API call runs in a thread (``asyncio.to_thread``): the event loop never
-blocks.
+config). The bind's API calls run on an asynchronous client
+(:mod:`gpu_admission.kube.aio`), the watch in its own threads: the event loop never blocks.
 """
 
 from __future__ import annotations
@@ -34,17 +38,20 @@ import hashlib
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from structlog.typing import FilteringBoundLogger
 
 from gpu_admission.fractional import visible_devices_value
 from gpu_admission.kube import client as kube
+from gpu_admission.kube.aio import AsyncKube
 from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
 from gpu_admission.placement.fractional import (
     NEW_GPU,
@@ -60,12 +67,14 @@ from gpu_admission.placement.ledger import (
     Ledger,
     NodeView,
     configmap_entry,
+    parse_mib,
 )
 from gpu_admission.policy.model import Policy
 from gpu_admission.vocab import (
     CONFIGMAP_LABEL,
     GPU_CONFIGMAP_ANNOTATION,
     GPU_CONFIGMAP_KEY,
+    GPU_MEMORY_ANNOTATION,
     GPU_MEMORY_RESOURCE,
     GPU_RESOURCE,
     GPU_UUID_ANNOTATION,
@@ -102,10 +111,37 @@ class BindConfig:
     #: that deletes (kube-scheduler's identity is "<hostname>_<uuid>", hostname = pod name).
     #: "": every replica (a single one)
     leader_lease: str = ""
+    #: connections of the bind's own asynchronous client (:mod:`gpu_admission.kube.aio`):
+    #: a burst's calls never queue behind each other (issue 36: on asyncio's default thread
+    #: pool, min(32, CPUs + 4) = 6 threads on 2 cores, a bind waited 0.6 s between writing
+    #: the ConfigMap and posting the binding)
+    api_connections: int = 64
+
+
+#: Seconds a bind waits for an opened card's UUID (the reservation pod's start).
+WAIT_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class BindMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.races = Counter("gpu_admission_extender_bind_races",
+                             "Fractional binds refused because the node's cards no longer had "
+                             "the share free when the bind came (another pod took the memory "
+                             "after filter; kube-scheduler retries).", registry=registry)
+        self.gpus_opened = Counter("gpu_admission_extender_gpus_opened",
+                                   "Cards opened for fractional pods (a reservation pod "
+                                   "created by a bind).", registry=registry)
+        self.gpus_released = Counter("gpu_admission_extender_gpus_released",
+                                     "Cards given back by reason: empty (last fractional pod "
+                                     "gone) or failed (the opening bind failed).", ["reason"],
+                                     registry=registry)
+        for reason in ("empty", "failed"):
+            self.gpus_released.labels(reason)
+        self.gpu_wait = Histogram("gpu_admission_extender_bind_gpu_wait_seconds",
+                                  "Time a bind waited for the UUID of a card being opened "
+                                  "(seconds; only binds onto an opening card).",
+                                  buckets=WAIT_BUCKETS, registry=registry)
         self.binds = Counter("gpu_admission_extender_binds",
                              "Binds by kind (fractional, whole) and result (bound, error).",
                              ["kind", "result"], registry=registry)
@@ -127,6 +163,60 @@ class BindMetrics:
         self.errors = Counter("gpu_admission_extender_watch_errors",
                               "Failed lists/watches by resource.", ["resource"],
                               registry=registry)
+
+
+class LedgerCollector(Collector):
+    """``gpu_admission_extender_gpu_free_mib{node, gpu}``: each open card's free memory as
+    the ledger offers it (the pool's ``memoryMiB`` minus every share given out or assumed),
+    read at scrape time on the event loop (the only place the ledger changes), so it is
+    never a stale copy. Opening cards are labelled ``opening:<reservation>``."""
+
+    def __init__(self, state: KubeState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("gpu_admission_extender_gpu_free_mib",
+                                   "Free GPU memory of each open card of a fractional pool "
+                                   "(MiB): memoryMiB minus the shares bound or being bound.",
+                                   labels=["node", "gpu"])
+        state = self.state
+        if state.synced:
+            policy = state.policy()
+            for node in sorted(state.nodes):
+                labels = (state.nodes[node].get("metadata") or {}).get("labels") or {}
+                pool = node_pool(labels, policy)
+                if pool is None:
+                    continue
+                for gpu in state.ledger.view(node).open:
+                    family.add_metric([node, gpu.gpu_id], pool.memory_mib - gpu.used_mib)
+        yield family
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """What bind needs of a fractional pod, known before the bind comes (from the pod
+    kube-scheduler sent to filter/prioritize, or the watch), so the share is assumed the
+    instant bind starts, with no API call first."""
+
+    namespace: str
+    name: str
+    uid: str
+    share_mib: int
+    configmap: str
+
+
+def pod_facts(pod: dict[str, Any]) -> PodFacts | None:
+    """The facts of a valid, unbound fractional pod; None otherwise."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    share = parse_mib(annotations.get(GPU_MEMORY_ANNOTATION))
+    cm = annotations.get(GPU_CONFIGMAP_ANNOTATION)
+    uid = meta.get("uid")
+    if (share is None or not isinstance(cm, str) or not cm or not isinstance(uid, str)
+            or not uid or (pod.get("spec") or {}).get("nodeName")):
+        return None
+    return PodFacts(str(meta.get("namespace") or ""), str(meta.get("name") or ""), uid,
+                    share, cm)
 
 
 def reservation_pod(name: str, node: str, config: BindConfig, reserved_for: str) -> dict[str, Any]:
@@ -199,11 +289,15 @@ class KubeState:
     waiting: dict[str, asyncio.Future[str]] = field(default_factory=dict)
     created: dict[str, float] = field(default_factory=dict)  # reservation -> creation time
     image: str = ""  # reservation pods' image, once known
+    #: pod UID -> facts of fractional pods not bound yet (filter/prioritize and the watch
+    #: add; binding, deletion or a terminal phase drop)
+    pending: dict[str, PodFacts] = field(default_factory=dict)
     watcher: Watcher = field(init=False)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.config.namespace)
         self.image = self.config.image
+        self.metrics.registry.register(LedgerCollector(self))
         m = self.metrics
         self.watcher = Watcher(self.client, RESOURCES, on_replace=self._replace,
                                on_event=self._event,
@@ -215,11 +309,33 @@ class KubeState:
     def synced(self) -> bool:
         return len(self.listed) == len(RESOURCES)
 
+    def remember(self, pod: dict[str, Any]) -> None:
+        """Keep a fractional pod's facts until it is bound (a pod kube-scheduler asks
+        about): its bind then assumes its share before any API call."""
+        facts = pod_facts(pod)
+        if facts is not None:
+            self.pending[facts.uid] = facts
+
+    def _pending(self, pod: dict[str, Any], deleted: bool) -> None:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        phase = (pod.get("status") or {}).get("phase")
+        if deleted or phase in ("Succeeded", "Failed"):
+            self.pending.pop(uid, None)
+            return
+        facts = pod_facts(pod)
+        if facts is None:
+            self.pending.pop(uid, None)
+        else:
+            self.pending[uid] = facts
+
     def _replace(self, resource: str, items: list[dict[str, Any]]) -> None:
         if resource == "pods":
             self.ledger.replace_pods(items)
+            self.pending.clear()
             for item in items:
                 self._reservation_seen(item)
+                self._pending(item, False)
         elif resource == "configmaps":
             self.ledger.replace_configmaps(items)
         else:
@@ -237,6 +353,7 @@ class KubeState:
             else:
                 self.ledger.set_pod(obj)
                 self._reservation_seen(obj)
+            self._pending(obj, deleted)
         elif resource == "configmaps":
             (self.ledger.remove_configmap if deleted else self.ledger.set_configmap)(obj)
         else:
@@ -257,27 +374,43 @@ class KubeState:
 
 
 class Binder:
-    """Serialised GPU choice, then the API calls of one bind."""
+    """The GPU choice of each bind, made the instant it starts, then its API calls."""
 
     def __init__(self, state: KubeState) -> None:
         self.state = state
+        #: held by housekeeping while it closes empty cards (bind's choice needs no lock:
+        #: it runs with no ``await`` between reading the ledger and recording the share)
         self.lock = asyncio.Lock()
+        #: the bind's own client: coroutines on the loop, no thread (blocking at startup:
+        #: reads the TLS files)
+        self.api = AsyncKube(state.client.configuration, limit=state.config.api_connections)
+
+    async def close(self) -> None:
+        await self.api.close()
 
     async def call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        return await asyncio.to_thread(kube.request, self.state.client, method, path, **kwargs)
+        return await self.api.request(method, path, **kwargs)
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
-        """"" when bound, else the Error for ExtenderBindingResult."""
+        """"" when bound, else the Error for ExtenderBindingResult.
+
+        A fractional pod kube-scheduler asked about (filter/prioritize) or the watch has
+        seen is placed on the ledger before the first ``await``: kube-scheduler sends the
+        next pod's filter while this bind is in flight (its binding cycle runs beside the
+        next scheduling cycle, ``pkg/scheduler/schedule_one.go``), and that filter must see
+        this share, as kube-scheduler's own cache counts an assumed pod
+        (``pkg/scheduler/backend/cache/cache.go`` ``AssumePod``) until it is bound."""
         start = time.perf_counter()
         kind = "whole"
         try:
-            pod = await self._pod(namespace, name, uid)
-            share = fractional_share(pod)
-            if share is not None:
+            facts = self.state.pending.get(uid) if uid else None
+            if facts is None or (facts.namespace, facts.name) != (namespace, name):
+                facts = await self._read_facts(namespace, name, uid)  # not seen: read it
+            if facts is not None:
                 kind = "fractional"
-                await self._bind_fractional(pod, share, node)
+                await self._bind_fractional(facts, node)
             else:
-                await self._post_binding(namespace, name, uid, node)
+                await post_binding(self.api, namespace, name, uid, node)
         except BindError as exc:
             self.state.metrics.binds.labels(kind, "error").inc()
             self.state.log.warning("bind_failed", pod=f"{namespace}/{name}", node=node,
@@ -293,6 +426,18 @@ class Binder:
         self.state.metrics.binds.labels(kind, "bound").inc()
         return ""
 
+    async def _read_facts(self, namespace: str, name: str, uid: str) -> PodFacts | None:
+        """A pod bind has not seen before (a restart between its filter and its bind): read
+        it; its facts when fractional, None for other pods."""
+        pod = await self._pod(namespace, name, uid)
+        if fractional_share(pod) is None:
+            return None
+        facts = pod_facts(pod)
+        if facts is None:
+            raise BindError(f"pod {namespace}/{name} is already bound to "
+                            f"{(pod.get('spec') or {}).get('nodeName')}; not bound")
+        return facts
+
     async def _pod(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
         """The pod as the API has it now; the same UID as kube-scheduler's (not replaced)."""
         pod = await self.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
@@ -305,21 +450,12 @@ class Binder:
             raise BindError(f"pod {namespace}/{name}: {bad}; not bound")
         return pod
 
-    async def _post_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """``POST pods/{name}/binding``, what kube-scheduler's DefaultBinder sends
-        (``pkg/scheduler/framework/plugins/defaultbinder/default_binder.go``)."""
-        body = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid
-                                                                     else {})},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        await self.call("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
-                        body=body)
-
-    async def _bind_fractional(self, pod: dict[str, Any], share: int, node: str) -> None:
+    def place(self, facts: PodFacts, node: str) -> tuple[str, str]:
+        """Choose the card on the node's view and record the share, synchronously (atomic
+        on the event loop: no other bind, watch event or filter runs in between). Returns
+        (GPU id, the reservation opened for it or ""). :class:`BindError` when nothing fits
+        any more: a real race (a bind that came between this pod's filter and its bind)."""
         state = self.state
-        meta = pod["metadata"]
-        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        cm_name = str((meta.get("annotations") or {}).get(GPU_CONFIGMAP_ANNOTATION))
         if not state.synced:
             raise BindError("the extender's GPU ledger is not synced yet (pods, ConfigMaps, "
                             "nodes still listing); retry")
@@ -329,39 +465,43 @@ class Binder:
         if pool is None:
             raise BindError(f"node {node} is not in a fractional node pool; a fractional pod "
                             f"needs one")
-        opened = ""
-        async with self.lock:  # one GPU choice at a time: re-check fit on the ledger
-            view = state.ledger.view(node)
-            choice = choose(view, pool.memory_mib, share, policy.spec.placement)
-            if choice is None:
-                why = no_fit_reason(view, pool.memory_mib, share, policy.spec.placement)
-                raise BindError(f"node {node}: {why} (another pod took the memory; "
-                                f"kube-scheduler retries)")
-            gpu_id = choice.gpu_id
-            if gpu_id == NEW_GPU:
-                opened = reservation_name(node)
-                gpu_id = state.ledger.open_gpu(opened, node)
-                state.waiting[opened] = asyncio.get_running_loop().create_future()
-                state.created[opened] = time.time()
-            state.ledger.assume(Assignment(namespace, name, uid, node, gpu_id, share))
-        cm_created = False
+        view = state.ledger.view(node)
+        choice = choose(view, pool.memory_mib, facts.share_mib, policy.spec.placement)
+        if choice is None:
+            state.metrics.races.inc()
+            why = no_fit_reason(view, pool.memory_mib, facts.share_mib, policy.spec.placement)
+            raise BindError(f"node {node}: {why} (another pod took the memory; "
+                            f"kube-scheduler retries)")
+        gpu_id, opened = choice.gpu_id, ""
+        if gpu_id == NEW_GPU:
+            opened = reservation_name(node)
+            gpu_id = state.ledger.open_gpu(opened, node)
+            state.waiting[opened] = asyncio.get_running_loop().create_future()
+            state.created[opened] = time.time()
+        state.ledger.assume(Assignment(facts.namespace, facts.name, facts.uid, node, gpu_id,
+                                       facts.share_mib))
+        state.pending.pop(facts.uid, None)
+        return gpu_id, opened
+
+    async def _bind_fractional(self, facts: PodFacts, node: str) -> None:
+        state = self.state
+        gpu_id, opened = self.place(facts, node)
+        pool = node_pool(((state.nodes.get(node) or {}).get("metadata") or {}).get("labels")
+                         or {}, state.policy())
+        strategy = pool.device_list_strategy if pool is not None else "envvar"
         uuid = ""
         try:
             if opened:
-                uuid = await self._open(opened, node, f"{namespace}/{name}")
+                uuid = await self._open(opened, node, f"{facts.namespace}/{facts.name}")
             elif gpu_id.startswith(OPENING_PREFIX):
                 uuid = await self._wait_opening(gpu_id[len(OPENING_PREFIX):], node)
             else:
                 uuid = gpu_id
-            cm_created = await self._write_configmap(
-                namespace, cm_name, name, uid,
-                visible_devices_value(uuid, pool.device_list_strategy))
-            await self._post_binding(namespace, name, uid, node)
+            # the ConfigMap, then at once the binding: nothing else between the two calls
+            await commit(self.api, facts, node, visible_devices_value(uuid, strategy),
+                         state.log)
         except BaseException:
-            state.ledger.unassume(uid)
-            if cm_created:
-                await self._quietly("DELETE", f"/api/v1/namespaces/{namespace}/configmaps/"
-                                              f"{cm_name}")
+            state.ledger.unassume(facts.uid)
             if opened and not (uuid and _in_use(state.ledger.view(node), uuid)):
                 await self._close(opened)
             # else: pods that joined the GPU this bind opened use it; it stays open and is
@@ -404,6 +544,7 @@ class Binder:
             raise BindError(f"cannot create reservation pod {state.config.namespace}/"
                             f"{reservation} on {node}: {exc}") from None
         state.metrics.reservations.labels("created").inc()
+        state.metrics.gpus_opened.inc()
         state.log.info("gpu_opening", reservation=reservation, node=node, pod=reserved_for)
         uuid = await self._wait_opening(reservation, node)
         state.ledger.resolve(reservation, uuid)
@@ -419,6 +560,7 @@ class Binder:
                 return entry.gpu_uuid
             raise BindError(f"reservation pod {reservation} on {node} is gone")
         timeout = state.config.reservation_timeout_seconds
+        start = time.perf_counter()
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(future)
@@ -429,6 +571,8 @@ class Binder:
                 f"{timeout:g} s: is the device plugin out of whole GPUs, the image "
                 f"unpullable, or NVML failing? (kubectl -n {state.config.namespace} describe "
                 f"pod {reservation}); reservation deleted, kube-scheduler retries") from None
+        finally:
+            state.metrics.gpu_wait.observe(time.perf_counter() - start)
 
     async def _close(self, reservation: str) -> None:
         """Undo an opening: delete the reservation pod, forget it and its assumed shares."""
@@ -444,31 +588,7 @@ class Binder:
         await self._quietly("DELETE", f"/api/v1/namespaces/{state.config.namespace}/pods/"
                                       f"{reservation}")
         state.metrics.reservations.labels("deleted").inc()
-
-    async def _write_configmap(self, namespace: str, cm_name: str, pod_name: str, uid: str,
-                               value: str) -> bool:
-        """Create the pod's ConfigMap; True when this call created it. An existing one is
-        used only when it is ours for this very pod (our label, owned by its UID) and names
-        the same GPU; anything else (a tenant's ConfigMap under that name) is refused."""
-        body = configmap(namespace, cm_name, pod_name, uid, value)
-        path = f"/api/v1/namespaces/{namespace}/configmaps"
-        try:
-            await self.call("POST", path, body=body)
-            return True
-        except kube.KubeError as exc:
-            if exc.status != kube.HTTP_CONFLICT:
-                raise BindError(f"cannot create ConfigMap {namespace}/{cm_name}: {exc}") from None
-        existing = await self.call("GET", f"{path}/{cm_name}")
-        entry = configmap_entry(existing)
-        labels = (existing.get("metadata") or {}).get("labels") or {}
-        if labels.get(CONFIGMAP_LABEL) != "true" or entry.owner_uid != uid:
-            raise BindError(f"ConfigMap {namespace}/{cm_name} already exists and was not "
-                            f"created by gpu-admission for pod {pod_name} (UID {uid}): not "
-                            f"trusted, not used; delete it or recreate the pod")
-        if (existing.get("data") or {}).get(GPU_CONFIGMAP_KEY) != value:
-            raise BindError(f"ConfigMap {namespace}/{cm_name} (ours, from an earlier bind of "
-                            f"this pod) names another GPU; not rebinding over it")
-        return False
+        state.metrics.gpus_released.labels("failed").inc()
 
     async def _quietly(self, method: str, path: str) -> None:
         try:
@@ -500,15 +620,18 @@ class Binder:
                     continue
                 state.ledger.close(e.name)
                 empty.append(e)
-            empty += [e for e in state.ledger.pods.values()  # deletes that failed before
-                      if e.reservation and e.name in state.ledger.closing and e not in empty]
-        for entry in empty:
+            # deletes that failed before (or still terminating): sent again, counted once
+            retry = [e for e in state.ledger.pods.values()
+                     if e.reservation and e.name in state.ledger.closing and e not in empty]
+        for entry in empty + retry:
             await self._quietly("DELETE", f"/api/v1/namespaces/{entry.namespace}/pods/"
                                           f"{entry.name}")
             state.created.pop(entry.name, None)
-            state.metrics.reservations.labels("deleted").inc()
-            state.log.info("gpu_released", reservation=entry.name, node=entry.node,
-                           uuid=entry.gpu_uuid)
+            if entry in empty:
+                state.metrics.reservations.labels("deleted").inc()
+                state.metrics.gpus_released.labels("empty").inc()
+                state.log.info("gpu_released", reservation=entry.name, node=entry.node,
+                               uuid=entry.gpu_uuid)
             deleted.append(entry.name)
         return deleted
 
@@ -569,6 +692,66 @@ class Binder:
                 self.state.log.warning("housekeeping_failed",
                                        error=f"{type(exc).__name__}: {str(exc)[:200]}")
             await asyncio.sleep(self.state.config.housekeeping_seconds)
+
+
+def binding_body(namespace: str, name: str, uid: str, node: str) -> dict[str, Any]:
+    """The ``Binding`` kube-scheduler's DefaultBinder sends
+    (``pkg/scheduler/framework/plugins/defaultbinder/default_binder.go``). With the pod's
+    UID the API server binds only that pod (``BindingREST.assignPod`` makes it a storage
+    precondition, ``pkg/registry/core/pod/storage/storage.go``): a pod deleted and
+    recreated under the same name since kube-scheduler saw it is refused (409)."""
+    return {"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid
+                                                                 else {})},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+
+
+async def post_binding(api: AsyncKube, namespace: str, name: str, uid: str,
+                       node: str) -> None:
+    """``POST pods/{name}/binding``."""
+    await api.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
+                      body=binding_body(namespace, name, uid, node))
+
+
+async def commit(api: AsyncKube, facts: PodFacts, node: str, value: str,
+                 log: FilteringBoundLogger) -> None:
+    """Write the pod's own ConfigMap, then post its binding (back to back, no other call
+    between them). A ConfigMap that already exists is used only when it is ours for this
+    very pod (our label, owned by its UID) and names the same GPU; anything else (a
+    tenant's ConfigMap under that name) is refused. A binding that fails deletes the
+    ConfigMap this call made before raising, so a failed bind leaves nothing."""
+    namespace, cm_name = facts.namespace, facts.configmap
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    created = False
+    try:
+        await api.request("POST", path, body=configmap(namespace, cm_name, facts.name,
+                                                       facts.uid, value))
+        created = True
+    except kube.KubeError as exc:
+        if exc.status != kube.HTTP_CONFLICT:
+            raise BindError(f"cannot create ConfigMap {namespace}/{cm_name}: {exc}") from None
+    if not created:
+        existing = await api.request("GET", f"{path}/{cm_name}")
+        entry = configmap_entry(existing)
+        labels = (existing.get("metadata") or {}).get("labels") or {}
+        if labels.get(CONFIGMAP_LABEL) != "true" or entry.owner_uid != facts.uid:
+            raise BindError(f"ConfigMap {namespace}/{cm_name} already exists and was not "
+                            f"created by gpu-admission for pod {facts.name} (UID "
+                            f"{facts.uid}): not trusted, not used; delete it or recreate "
+                            f"the pod")
+        if (existing.get("data") or {}).get(GPU_CONFIGMAP_KEY) != value:
+            raise BindError(f"ConfigMap {namespace}/{cm_name} (ours, from an earlier bind of "
+                            f"this pod) names another GPU; not rebinding over it")
+    try:
+        await post_binding(api, namespace, facts.name, facts.uid, node)
+    except BaseException:
+        if created:
+            try:
+                await api.request("DELETE", f"{path}/{cm_name}")
+            except Exception as exc:  # cleanup: logged; the ledger ignores what is left
+                log.warning("cleanup_failed", method="DELETE", path=f"{path}/{cm_name}",
+                            error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        raise
 
 
 def _in_use(view: NodeView, gpu_id: str) -> bool:

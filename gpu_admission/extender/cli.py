@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 from aiohttp import web
 
+from gpu_admission.cli_options import kubeconfig_option
 from gpu_admission.extender.app import (
     DEFAULT_PREFIX,
     STATE,
@@ -60,7 +61,7 @@ def _prefix(ctx: click.Context | None, param: click.Parameter | None, value: str
     return value
 
 
-@click.command(name="extender")
+@click.command(name="extender", short_help="Serve the kube-scheduler extender.")
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False, exists=True,
               path_type=Path), help="GPUSharingPolicy YAML file (reloaded when it changes). "
               "Default: the built-in policy.")
@@ -88,10 +89,10 @@ def _prefix(ctx: click.Context | None, param: click.Parameter | None, value: str
               help="URL path before /filter and /prioritize (the urlPrefix path).")
 @click.option("--reload-interval", type=click.FloatRange(min=0.05), default=1.0,
               show_default=True, help="Seconds between checks of the policy file.")
-@click.option("--kube", "kube_source", default=None, metavar="in-cluster|KUBECONFIG",
-              help="Fractional GPU pools: watch pods, ConfigMaps and nodes for the GPU ledger "
-                   "and serve the bind verb, with the pod's ServiceAccount (in-cluster) or a "
-                   "kubeconfig. Default: off (filter and prioritize only).")
+@kubeconfig_option("--kube",
+                   help="Fractional GPU pools: watch pods, ConfigMaps and nodes for the GPU "
+                   "ledger and serve the bind verb, through a kubeconfig file or in-cluster "
+                   "(the pod's ServiceAccount). Default: off (filter and prioritize only).")
 @click.option("--namespace", default="gpu-admission", show_default=True,
               help="Install namespace: reservation pods are created here.")
 @click.option("--reservation-image", default="", show_default=False,
@@ -111,11 +112,11 @@ def _prefix(ctx: click.Context | None, param: click.Parameter | None, value: str
 def extender(  # noqa: PLR0917 (click passes every option)
         policy_path: Path | None, prometheus: str, interval: float, window: str,
              stale_after: int, node_label: str, host: str, port: int, metrics_port: int,
-             prefix: str, reload_interval: float, kube_source: str | None, namespace: str,
+             prefix: str, reload_interval: float, kubeconfig: str | None, namespace: str,
              reservation_image: str, reservation_service_account: str,
              reservation_timeout: float, leader_lease: str, log_level: str) -> None:
-    """Serve the kube-scheduler extender (filter, prioritize; bind with --kube) until
-    SIGTERM/SIGINT."""
+    """Serve the kube-scheduler extender (filter, prioritize; bind with --kubeconfig)
+    until SIGTERM/SIGINT."""
     bind = BindConfig(namespace=namespace, image=reservation_image,
                       reservation_timeout_seconds=reservation_timeout,
                       service_account=reservation_service_account,
@@ -124,7 +125,7 @@ def extender(  # noqa: PLR0917 (click passes every option)
                             window=window, node_label=node_label,
                             stale_after_intervals=stale_after, policy_path=policy_path,
                             prefix=prefix, reload_interval_seconds=reload_interval,
-                            kube_source=kube_source, bind=bind)
+                            kube_source=kubeconfig, bind=bind)
     logger = make_logger(log_level)
     route_library_logs_to_stderr(log_level)
     try:
@@ -132,7 +133,7 @@ def extender(  # noqa: PLR0917 (click passes every option)
     except PolicyError as exc:
         raise click.ClickException(f"invalid policy {policy_path}: {exc}") from None
     except KubeSourceError as exc:
-        raise click.ClickException(f"--kube: {exc}") from None
+        raise click.ClickException(f"--kubeconfig: {exc}") from None
     try:
         asyncio.run(_serve(app, host, port, metrics_port or None))
     except OSError as exc:

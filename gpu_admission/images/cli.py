@@ -108,12 +108,12 @@ def images_in_files(filenames: tuple[str, ...]) -> list[str]:
     return list(found)
 
 
-@click.group(name="images")
+@click.group(name="images", short_help="Find the CUDA version images were built for.")
 def images() -> None:
     """Container images and the CUDA they were built for."""
 
 
-@images.command(name="scan")
+@images.command(name="scan", short_help="Read images' CUDA from their registries.")
 @click.argument("image_args", metavar="IMAGE...", nargs=-1)
 @click.option("-f", "--filename", "filenames", multiple=True, metavar="FILE",
               help="Also scan the GPU containers' images of the Pods/workloads in FILE "

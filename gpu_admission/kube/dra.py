@@ -68,7 +68,7 @@ _KINDS: Final = {"deviceclasses": "DeviceClass", "resourceclaimtemplates":
 
 
 def list_objects(source: str) -> dict[str, list[dict[str, Any]]]:
-    """One list of each watched resource (``gpu-admission evaluate --cluster``), by kind, in
+    """One list of each watched resource (``gpu-admission evaluate --kubeconfig``), by kind, in
     the DRA version the cluster serves. Blocking. Raises DraSourceError with the resource
     and the API server's answer."""
     client = api_client(source)

@@ -6,5 +6,5 @@
 * :mod:`.ledger`: the fractional GPUs' accounting (which share holds which card);
 * :mod:`.fractional`: the card a fractional share goes to.
 
-No I/O here (floor 1, README "How it is built").
+No I/O here (floor 1, docs/architecture.md).
 """

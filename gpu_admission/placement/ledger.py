@@ -221,7 +221,15 @@ class Ledger:
     opening: dict[str, str] = field(default_factory=dict)
     #: reservation pods being deleted (empty): still holding their GPU, no longer open
     closing: set[str] = field(default_factory=set)
+    #: reservation name -> the UUID it published, learned from whichever comes first: the
+    #: watch (its annotation) or the binder (:meth:`resolve`). Every GPU id is read through
+    #: it (:meth:`gpu_id`), so ``opening:<reservation>`` and the UUID are one card from the
+    #: first moment either is known (issue 36: a card shown empty beside its own shares)
+    published: dict[str, str] = field(default_factory=dict)
     _by_node: dict[str, set[Key]] = field(default_factory=dict)
+    #: ConfigMap key -> the keys of the bound pods naming it (a ConfigMap event touches
+    #: those alone: no scan of every pod per event during a burst)
+    _by_configmap: dict[Key, set[Key]] = field(default_factory=dict)
     _views: dict[str, NodeView] = field(default_factory=dict)
 
     # --- feeding (from the watch cache) ------------------------------------------------
@@ -259,9 +267,13 @@ class Ledger:
             return
         self.pods[key] = entry
         self._by_node.setdefault(entry.node, set()).add(key)
+        if entry.configmap:
+            self._by_configmap.setdefault((entry.namespace, entry.configmap), set()).add(key)
         self._views.pop(entry.node, None)
         if entry.reservation:
             self.opening.pop(entry.name, None)
+            if entry.gpu_uuid:
+                self._publish(entry.name, entry.gpu_uuid)
         elif entry.uid in self.assumed and self._placed(entry):
             self._forget_assumed(entry.uid)
 
@@ -271,14 +283,22 @@ class Ledger:
         self._drop_pod(key)
         if key[0] == self.reservation_namespace:
             self.closing.discard(key[1])
+            if key[1] not in self.opening:
+                self.published.pop(key[1], None)
         self._forget_assumed(str(meta.get("uid") or ""))
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         self.pods.clear()
         self._by_node.clear()
+        self._by_configmap.clear()
         self._views.clear()
         for pod in pods:
             self.set_pod(pod)
+        # forget reservations gone while the watch was away (none in flight)
+        listed = {e.name for e in self.pods.values() if e.reservation}
+        for name in [n for n in self.published if n not in listed and n not in self.opening]:
+            del self.published[name]
+        self.closing &= listed
 
     def set_configmap(self, cm: Mapping[str, Any]) -> None:
         meta = cm.get("metadata") or {}
@@ -301,17 +321,25 @@ class Ledger:
         self._views.clear()
 
     def _touch_configmap(self, key: Key) -> None:
-        # a ConfigMap changes the view of the node its pod is on (few pods per namespace)
-        for entry in list(self.pods.values()):
-            if entry.configmap == key[1] and entry.namespace == key[0]:
-                self._views.pop(entry.node, None)
-                if entry.uid in self.assumed and self._placed(entry):
-                    self._forget_assumed(entry.uid)
+        """A ConfigMap changes the view of the node its pod is on."""
+        for pod_key in list(self._by_configmap.get(key, ())):
+            entry = self.pods.get(pod_key)
+            if entry is None:
+                continue
+            self._views.pop(entry.node, None)
+            if entry.uid in self.assumed and self._placed(entry):
+                self._forget_assumed(entry.uid)
 
     def _drop_pod(self, key: Key) -> None:
         old = self.pods.pop(key, None)
         if old is not None:
             self._by_node.get(old.node, set()).discard(key)
+            if old.configmap:
+                holders = self._by_configmap.get((old.namespace, old.configmap))
+                if holders is not None:
+                    holders.discard(key)
+                    if not holders:
+                        del self._by_configmap[(old.namespace, old.configmap)]
             self._views.pop(old.node, None)
 
     def _forget_assumed(self, uid: str) -> None:
@@ -326,7 +354,20 @@ class Ledger:
 
     # --- bind's own records ---------------------------------------------------------------
 
+    def gpu_id(self, gpu_id: str) -> str:
+        """The card's id as every reader must see it: ``opening:<reservation>`` becomes the
+        UUID once the reservation has published one, by the watch or by :meth:`resolve`."""
+        if gpu_id.startswith(OPENING_PREFIX):
+            return self.published.get(gpu_id[len(OPENING_PREFIX):], gpu_id)
+        return gpu_id
+
     def assume(self, assignment: Assignment) -> None:
+        """Record what a bind hands out; counted by :meth:`view` at once (filter, prioritize
+        and the next bind), until the watch shows the pod placed or the bind undoes it."""
+        gpu_id = self.gpu_id(assignment.gpu_id)
+        if gpu_id != assignment.gpu_id:
+            assignment = Assignment(assignment.namespace, assignment.name, assignment.uid,
+                                    assignment.node, gpu_id, assignment.memory_mib)
         self.assumed[assignment.uid] = assignment
         self._views.pop(assignment.node, None)
 
@@ -340,8 +381,18 @@ class Ledger:
         return OPENING_PREFIX + reservation
 
     def resolve(self, reservation: str, uuid: str) -> None:
-        """The reservation published ``uuid``: move assumed shares from its opening id."""
+        """The binder learned that the reservation published ``uuid`` (idempotent: the
+        watch may have told the ledger first, see :meth:`_publish`)."""
+        self._publish(reservation, uuid)
+
+    def _publish(self, reservation: str, uuid: str) -> None:
+        """From now on ``opening:<reservation>`` is ``uuid``: move the shares assumed on the
+        opening id, in the same step (no instant shows the card without them)."""
+        self.published[reservation] = uuid
         old = OPENING_PREFIX + reservation
+        node = self.opening.get(reservation)
+        if node is not None:
+            self._views.pop(node, None)
         for uid, a in list(self.assumed.items()):
             if a.gpu_id == old:
                 self.assumed[uid] = Assignment(a.namespace, a.name, a.uid, a.node, uuid,
@@ -349,9 +400,13 @@ class Ledger:
                 self._views.pop(a.node, None)
 
     def close_opening(self, reservation: str) -> None:
-        """A reservation that failed: forget it and every share assumed on it."""
+        """A reservation that failed: forget it and every share assumed on it. It is also
+        marked closing until the watch shows it deleted: a UUID it publishes late (its pod
+        started while the binder gave up on it) must not offer its card again."""
+        self.closing.add(reservation)
         node = self.opening.pop(reservation, None)
-        old = OPENING_PREFIX + reservation
+        old = self.gpu_id(OPENING_PREFIX + reservation)
+        self.published.pop(reservation, None)
         for uid, a in list(self.assumed.items()):
             if a.gpu_id == old:
                 self._forget_assumed(uid)
@@ -374,7 +429,7 @@ class Ledger:
                 reservations += 1
                 if e.name in self.closing:
                     continue  # being deleted: holds its GPU, takes no new pod
-                gpu_id = e.gpu_uuid or OPENING_PREFIX + e.name
+                gpu_id = e.gpu_uuid or self.gpu_id(OPENING_PREFIX + e.name)
                 holders[gpu_id] = e.name
                 used.setdefault(gpu_id, [0, 0])
                 continue
@@ -394,13 +449,14 @@ class Ledger:
             slot[0] += e.memory_mib
             slot[1] += 1
         for name, where in self.opening.items():
-            if where == node and OPENING_PREFIX + name not in holders:
+            gpu_id = self.gpu_id(OPENING_PREFIX + name)
+            if where == node and gpu_id not in holders:
                 reservations += 1
-                holders[OPENING_PREFIX + name] = name
-                used.setdefault(OPENING_PREFIX + name, [0, 0])
+                holders[gpu_id] = name
+                used.setdefault(gpu_id, [0, 0])
         for a in self.assumed.values():
             if a.node == node and a.uid not in counted:
-                slot = used.setdefault(a.gpu_id, [0, 0])
+                slot = used.setdefault(self.gpu_id(a.gpu_id), [0, 0])
                 slot[0] += a.memory_mib
                 slot[1] += 1
         view = NodeView(node, self.nodes.get(node, 0), whole, reservations,
@@ -434,7 +490,7 @@ class Ledger:
         for e in self.pods.values():
             if not e.reservation or e.name in self.closing:
                 continue
-            gpu_id = e.gpu_uuid or OPENING_PREFIX + e.name
+            gpu_id = e.gpu_uuid or self.gpu_id(OPENING_PREFIX + e.name)
             state = next((g for g in self.view(e.node).open if g.gpu_id == gpu_id), None)
             if state is None or state.pods == 0:
                 out.append(e)

@@ -488,7 +488,7 @@ class PolicySpec(_Model):
     rules: RuleModes = Field(default_factory=RuleModes)
     dra: Dra = Field(default_factory=Dra)
     reclaim: Reclaim = Field(default_factory=Reclaim)
-    # Other GPU-sharing systems the cluster runs (README, spec.otherSharingSystems):
+    # Other GPU-sharing systems the cluster runs (docs/policy.md, spec.otherSharingSystems):
     # their pods are GPU pods that keep the env their system writes. Off by default.
     other_sharing_systems: list[SharingSystem] = Field(default_factory=list,
                                                        alias="otherSharingSystems")
@@ -626,7 +626,7 @@ def _error_message(err: Any) -> str:
     if kind == "missing":
         return "required field is missing"
     if kind == "extra_forbidden":
-        return "unknown field (check the spelling; see README.md#the-policy-file)"
+        return "unknown field (check the spelling; see docs/policy.md)"
     if kind == "literal_error":
         return f"expected {ctx.get('expected', 'one of the allowed values')}, got {got}"
     if kind == "enum":

@@ -21,6 +21,7 @@ import click
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gpu_admission.cli_options import kubeconfig_option, resolve_kubeconfig
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.prom import PromError, PrometheusClient
 from gpu_admission.timeframe import parse_duration, parse_instant, parse_zone
@@ -46,14 +47,15 @@ def _now(value: str | None) -> float | None:
         raise click.UsageError(str(exc)) from None
 
 
-@click.group("reclaim", invoke_without_command=True)
+@click.group("reclaim", invoke_without_command=True,
+             short_help="Notice idle GPU pods; scale them down.")
 @click.option("--prometheus", "prometheus_url", metavar="URL",
               help="Prometheus that scrapes dcgm-exporter, e.g. http://prometheus:9090.")
 @click.option("--policy", "policy_file", type=click.Path(path_type=Path, dir_okay=False),
               help="GPUSharingPolicy file (spec.reclaim, spec.placement.idleBelowPercent, "
                    "spec.exemptions); default the built-in policy.")
-@click.option("--kubeconfig", default="in-cluster", show_default=True, metavar="FILE",
-              help="kubeconfig file, or in-cluster (the pod's ServiceAccount).")
+@kubeconfig_option(help="kubeconfig file, or in-cluster (the pod's ServiceAccount). "
+                   "Default: $KUBECONFIG, ~/.kube/config, then in-cluster in a pod.")
 @click.option("--interval", default="5m", show_default=True, metavar="DURATION",
               help="Time between intervals (5m, 1h).")
 @click.option("--once", is_flag=True, help="Run one interval and exit.")
@@ -73,7 +75,8 @@ def _now(value: str | None) -> float | None:
               help="Evaluate as if it were this time (replays, tests).")
 @click.pass_context
 def reclaim(ctx: click.Context, /, prometheus_url: str | None, policy_file: Path | None,  # noqa: PLR0917
-            kubeconfig: str, interval: str, once: bool, dry_run: bool, output: str,
+            kubeconfig: str | None, interval: str, once: bool, dry_run: bool,
+            output: str,
             audit_log: str, lease: str | None, metrics_port: int, log_level: str,
             now_text: str | None) -> None:
     """Notice idle GPU pods; scale their owners down where namespaces opted in.
@@ -103,7 +106,7 @@ def reclaim(ctx: click.Context, /, prometheus_url: str | None, policy_file: Path
     except PromError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        kube = KubeSource(kubeconfig).open()
+        kube = KubeSource(resolve_kubeconfig(kubeconfig)).open()
     except KubeError as exc:
         raise ReclaimError(f"--kubeconfig: {exc}") from None
     records = RecordLog(audit_log)
@@ -121,18 +124,19 @@ def reclaim(ctx: click.Context, /, prometheus_url: str | None, policy_file: Path
                 click.echo(f"error: {controller.failing}; actions paused", err=True)
                 sys.exit(1)
             return
-        _loop(controller, interval_s, lease, metrics_port, policy_file)
+        _loop(controller, interval_s, lease, metrics_port, policy_file, now)
     finally:
         records.close()
         kube.close()
         prom.close()
 
 
-def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int,
-          policy_file: Path | None) -> None:
+def _loop(controller: Any, interval: int, lease: str | None,  # noqa: PLR0917
+          metrics_port: int, policy_file: Path | None, start: float | None) -> None:
     """Every ``interval``: re-read the policy (a ConfigMap mounted as a directory changes in
     place; an invalid one is logged and the last good one kept), then one interval while
-    leader; SIGTERM/SIGINT ends it."""
+    leader; SIGTERM/SIGINT ends it. ``start`` (``--now``): a replay clock that starts there
+    and runs at the wall clock's pace."""
     from gpu_admission.reclaim.lease import LeaseElector  # noqa: PLC0415
 
     stop = threading.Event()
@@ -149,6 +153,7 @@ def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int,
         renew.start()
     ready = threading.Event()
     server = _probes(controller, metrics_port, ready) if metrics_port else None
+    began = time.monotonic()
     try:
         while not stop.is_set():
             if policy_file is not None:
@@ -162,7 +167,8 @@ def _loop(controller: Any, interval: int, lease: str | None, metrics_port: int,
             controller.metrics.leader.set(1 if leader else 0)
             if leader:
                 try:
-                    controller.run_once()
+                    controller.run_once(None if start is None else
+                                        start + time.monotonic() - began)
                 except Exception as exc:  # a bug must not end the loop
                     controller.pause(f"interval failed: {type(exc).__name__}: {exc}")
             ready.set()
@@ -208,11 +214,11 @@ def _probes(controller: Any, port: int, ready: threading.Event) -> ThreadingHTTP
     return server
 
 
-@reclaim.command("restore")
+@reclaim.command("restore", short_help="Scale a reclaimed owner back up.")
 @click.argument("target", metavar="KIND/NAME")
 @click.option("-n", "--namespace", required=True, help="Namespace of the owner.")
-@click.option("--kubeconfig", "kubeconfig", default=None, metavar="FILE",
-              help="kubeconfig file, or in-cluster [default: the reclaim option's].")
+@kubeconfig_option(help="kubeconfig file, or in-cluster [default: the reclaim option's, "
+                   "then $KUBECONFIG, ~/.kube/config, in-cluster].")
 @click.option("--audit-log", "audit_log", default=None, metavar="FILE|-",
               help="Decision log the record is appended to [default: the reclaim option's].")
 @click.option("--now", "now_text", default=None, hidden=True)
@@ -235,7 +241,7 @@ def restore_command(obj: dict[str, Any], /, target: str, namespace: str,  # noqa
     policy = _policy(obj["policy_file"])
     now = _now(now_text)
     try:
-        kube = KubeSource(kubeconfig or obj["kubeconfig"]).open()
+        kube = KubeSource(resolve_kubeconfig(kubeconfig or obj["kubeconfig"])).open()
     except KubeError as exc:
         raise ReclaimError(f"--kubeconfig: {exc}") from None
     audit_log = audit_log or obj["audit_log"]

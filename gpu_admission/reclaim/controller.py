@@ -77,6 +77,11 @@ class ReclaimMetrics:
                           "definition in the last interval.", registry=r)
         self.planned = Gauge("gpu_admission_reclaim_planned_pods", "Pods per planned action "
                              "in the last interval.", ["action"], registry=r)
+        self.left_out = Gauge("gpu_admission_reclaim_left_out_pods", "GPU pods left out of "
+                              "the last interval's plan (not idle), one series per pod with "
+                              "the reason: busy, not-idle-long-enough, missing-samples, "
+                              "no-metrics, not-held.", ["namespace", "pod", "reason"],
+                              registry=r)
         self.actions = Counter("gpu_admission_reclaim_actions_total", "Actions carried out "
                                "(notice, clear, scale-down, restore) and failed ones.",
                                ["action", "result"], registry=r)
@@ -185,6 +190,9 @@ class Controller:
         self.metrics.idle.set(sum(1 for i in plan.items if i.idleness.idle))
         for action in Action:
             self.metrics.planned.labels(action.value).set(plan.count(action))
+        self.metrics.left_out.clear()  # pods gone or idle since leave the metric
+        for out in plan.left_out:
+            self.metrics.left_out.labels(out.namespace, out.pod, out.cause.value).set(1)
         return plan
 
     def run_once(self, now: float | None = None) -> Plan | None:

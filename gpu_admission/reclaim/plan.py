@@ -12,8 +12,11 @@ idle_runs`): an instant is idle when the GPU's SM utilisation (``DCGM_FI_DEV_GPU
 it held lasts at least ``spec.reclaim.idleHours`` and no sample since that run began was at or
 over the threshold (nights and weekends neither count nor break the run's "still idle").
 A shared GPU's value is the whole GPU's, so an idle pod next to a busy one is never idle.
-A GPU with any missing sample in the window, or a pod without series, is never idle: no data
-is not "idle".
+Missing samples count only inside the span being judged: the idle run and what followed it,
+or, without an idle run, the time since the pod first held the GPU in the window. Before the
+pod or its GPU existed (a fresh exporter, Prometheus or autoscaled node) there is nothing to
+miss; a missing sample inside the span, or a pod without series, is never idle: no data is
+not "idle". GPU pods that are not in the plan are listed as :class:`LeftOut` with the reason.
 
 **Stages** (per pod): ``notice`` (Event, annotations, record) once idle; after
 ``graceMinutes`` from the notice, ``scale-down`` of the owner (Deployment, StatefulSet through
@@ -68,6 +71,16 @@ class Action(StrEnum):
     SKIP = "skip"  # never touched (exempt, workload class, missing data)
 
 
+class Cause(StrEnum):
+    """Why a GPU pod is not idle (the ``reason`` label of the left-out metric)."""
+
+    BUSY = "busy"  # a sample at/over the threshold since its idle run began
+    SHORT = "not-idle-long-enough"  # no idle run of spec.reclaim.idleHours
+    MISSING = "missing-samples"  # a sample missing inside the span judged
+    NO_METRICS = "no-metrics"  # no series of this pod in the window
+    NOT_HELD = "not-held"  # did not hold the GPU for the whole idle run
+
+
 @dataclass(frozen=True, slots=True)
 class GpuIdle:
     node: str
@@ -85,8 +98,9 @@ class Idleness:
     since: float | None = None  # unix s: start of the idle run (latest over the pod's GPUs)
     idle_seconds: int = 0  # working-time seconds of the run (shortest over its GPUs)
     busy_at: float | None = None  # unix s: newest sample at/over the threshold the pod held
-    complete: bool = True  # no missing sample on its GPUs in the window
+    complete: bool = True  # no missing sample on its GPUs in the span judged
     gpus: tuple[GpuIdle, ...] = ()
+    cause: Cause | None = None  # why not idle (None when idle)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +148,17 @@ class PodPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class LeftOut:
+    """A GPU pod that is not in the plan (not idle, nothing to undo), and why."""
+
+    namespace: str
+    pod: str
+    workload: str
+    cause: Cause
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     now: float
     window: Range
@@ -141,6 +166,7 @@ class Plan:
     items: tuple[PodPlan, ...]
     actions_allowed: bool
     limit: int
+    left_out: tuple[LeftOut, ...] = ()
 
     def count(self, action: Action) -> int:
         return sum(1 for i in self.items if i.action is action)
@@ -157,7 +183,6 @@ def measure(fetched: Fetched, working: Sequence[int], threshold: float,
     per_pod: dict[tuple[str, str], list[Idleness]] = {}
     for data in fetched.gpus:
         util = data.util
-        missing = sum(1 for v in util if math.isnan(v))
         idle = idle_flags(util, working, threshold)
         fb = data.fb_used[last]
         gpu = GpuIdle(data.node, data.gpu, data.uuid, None if math.isnan(fb) else fb)
@@ -166,31 +191,39 @@ def measure(fetched: Fetched, working: Sequence[int], threshold: float,
                 continue  # not holding it now (pod gone, or the newest sample is missing)
             busy = [i for i in range(rng.points) if marks[i] and util[i] >= threshold]
             busy_at = float(rng.start + busy[-1] * step) if busy else None
-            if missing:
-                result = Idleness(False, f"{missing} of {rng.points} samples missing on GPU "
-                                  f"{data.node}/{data.gpu} in the window: no data is never idle",
-                                  busy_at=busy_at, complete=False, gpus=(gpu,))
-            else:
-                result = _one(idle, marks, rng, min_seconds, busy, busy_at, gpu)
-            per_pod.setdefault(key, []).append(result)
+            per_pod.setdefault(key, []).append(
+                _one(idle, util, marks, rng, min_seconds, busy, busy_at, gpu))
     return {key: _combine(found) for key, found in per_pod.items()}
 
 
-def _one(idle: list[bool], marks: bytearray, rng: Range,  # noqa: PLR0917
-         min_seconds: int, busy: list[int], busy_at: float | None, gpu: GpuIdle) -> Idleness:
+def _one(idle: list[bool], util: Sequence[float], marks: bytearray,  # noqa: PLR0917
+         rng: Range, min_seconds: int, busy: list[int], busy_at: float | None,
+         gpu: GpuIdle) -> Idleness:
     step = rng.step
+    where = f"GPU {gpu.node}/{gpu.gpu}"
     held = [f and m == 1 for f, m in zip(idle, marks, strict=True)]
     runs = idle_runs(held, step, min_seconds)
+    # the span judged: the latest idle run and everything after it; without one, since the
+    # pod first held the GPU in the window (never before the pod or its GPU existed)
+    start = runs[-1][0] if runs else marks.index(1)
+    missing = sum(1 for v in util[start:] if math.isnan(v))
+    if missing:
+        began = "its idle run began" if runs else "the pod first held it"
+        return Idleness(False, f"{missing} of {rng.points - start} samples missing on {where} "
+                        f"since {began} at {iso(rng.start + start * step - step)}: no data is "
+                        "never idle", busy_at=busy_at, complete=False, gpus=(gpu,),
+                        cause=Cause.MISSING)
     if not runs:
         return Idleness(False, f"no idle run of {min_seconds / 3600:g} h of working hours on "
-                        f"GPU {gpu.node}/{gpu.gpu} in the window", busy_at=busy_at, gpus=(gpu,))
+                        f"{where} in the window", busy_at=busy_at, gpus=(gpu,),
+                        cause=Cause.SHORT)
     first, last = runs[-1]
     if busy and busy[-1] > first:
         return Idleness(False, f"busy at {iso(rng.start + busy[-1] * step)}", busy_at=busy_at,
-                        gpus=(gpu,))
+                        gpus=(gpu,), cause=Cause.BUSY)
     if any(not marks[i] for i in range(first, rng.points)):
         return Idleness(False, "did not hold the GPU for the whole idle run", busy_at=busy_at,
-                        gpus=(gpu,))
+                        gpus=(gpu,), cause=Cause.NOT_HELD)
     # one sample stands for the step ending at it: the run began one step before its first
     since = float(rng.start + first * step - step)
     return Idleness(True, "", since=since, idle_seconds=(last - first + 1) * step,
@@ -205,7 +238,7 @@ def _combine(found: list[Idleness]) -> Idleness:
     not_idle = [f for f in found if not f.idle]
     if not_idle:
         return Idleness(False, "; ".join(f.reason for f in not_idle), busy_at=busy_at,
-                        complete=complete, gpus=gpus)
+                        complete=complete, gpus=gpus, cause=not_idle[0].cause)
     return Idleness(True, "", since=max(f.since or 0.0 for f in found),
                     idle_seconds=min(f.idle_seconds for f in found), busy_at=busy_at,
                     complete=complete, gpus=gpus)
@@ -335,6 +368,7 @@ def build_plan(fetched: Fetched | None, cluster: Cluster, policy: Policy, *, now
                 if fetched is not None else {})
     exempt = policy.compiled.exempt_namespaces
     items: list[PodPlan] = []
+    left_out: list[LeftOut] = []
     for pod in cluster.pods:
         meta = pod.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
@@ -346,9 +380,11 @@ def build_plan(fetched: Fetched | None, cluster: Cluster, policy: Policy, *, now
         noticed = parse_time(annotations.get(NOTICE_AT_ANNOTATION))
         if idleness is None:
             idleness = Idleness(False, "no GPU metrics for this pod in the window: no data is "
-                                "never idle", complete=False)
-        if not idleness.idle and noticed is None:
-            continue  # busy or unknown, nothing to undo: not part of the plan
+                                "never idle", complete=False, cause=Cause.NO_METRICS)
+        if not idleness.idle and noticed is None:  # busy or unknown, nothing to undo
+            left_out.append(LeftOut(namespace, name, analysed.workload,
+                                    idleness.cause or Cause.NO_METRICS, idleness.reason))
+            continue
         owner = resolve_owner(pod, replicasets=cluster.replicasets,
                               deployments=cluster.deployments,
                               statefulsets=cluster.statefulsets, notebooks=cluster.notebooks)
@@ -358,7 +394,8 @@ def build_plan(fetched: Fetched | None, cluster: Cluster, policy: Policy, *, now
                              exempt, tuple(rc.workloads)))
     return Plan(now, window, threshold, tuple(_limit(items, actions_allowed,
                                                      rc.max_actions_per_interval)),
-                actions_allowed, rc.max_actions_per_interval)
+                actions_allowed, rc.max_actions_per_interval,
+                tuple(sorted(left_out, key=lambda o: (o.namespace, o.pod))))
 
 
 def _decide(p: PodPlan, annotations: Mapping[str, Any], cluster: Cluster,  # noqa: PLR0917
@@ -464,6 +501,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "noticeAt": iso(i.notice_at) if i.notice_at is not None else None,
             "scaleDownAt": iso(i.scale_down_at) if i.scale_down_at is not None else None,
         } for i in plan.items],
+        "leftOut": [{"namespace": o.namespace, "pod": o.pod, "workload": o.workload,
+                     "cause": o.cause.value, "reason": o.reason} for o in plan.left_out],
     }
 
 
@@ -483,6 +522,10 @@ def plan_table(plan: Plan) -> str:
     lines.append(f"{iso(plan.now)}: {len(plan.items)} pods ({counts or 'none idle'}); "
                  f"idle = SM under {plan.threshold:g} %; at most {plan.limit} scale-downs "
                  f"per interval{'' if plan.actions_allowed else '; ACTIONS PAUSED'}")
+    if plan.left_out:
+        lines.append(f"left out: {len(plan.left_out)} GPU pods not idle")
+        lines += [f"  {o.namespace}/{o.pod} ({o.workload}) {o.cause.value}: {o.reason}"
+                  for o in plan.left_out]
     return "\n".join(lines) + "\n"
 
 

@@ -57,7 +57,7 @@ def _terminal_progress(stack: ExitStack) -> Progress | None:
     return progress
 
 
-@click.command("report")
+@click.command("report", short_help="GPU utilisation and waste from dcgm-exporter.")
 @click.option("--prometheus", "prometheus_url", required=True, metavar="URL",
               help="Prometheus base URL, e.g. http://prometheus:9090.")
 @click.option("--since", metavar="DURATION",

@@ -1,7 +1,7 @@
 """The values ``gpu-admission report`` measures, apart from how they are fetched: one GPU's
 series (:class:`GpuData`) and one fetched range (:class:`Fetched`). Pure value types, so the
 computation (:mod:`.compute`, :mod:`.sharing`, :mod:`gpu_admission.reclaim.plan`) reads them
-without importing the Prometheus client (:mod:`.query` fills them; README "How it is built").
+without importing the Prometheus client (:mod:`.query` fills them; docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Method, first-fit decreasing (the classic bin-packing heuristic; Johnson 1973):
 Loads are summed as if every pod ran all the time (p95, no time-of-day offsets), so the
 estimate leans towards more GPUs, not fewer.
 
-**Fractional estimate** (``sharing: fractional`` pools, README "Fractional GPUs"): the same
+**Fractional estimate** (``sharing: fractional`` pools, docs/fractional.md): the same
 items, but a pod's share is sized by what it used, not a fixed slice: its memory is its peak
 framebuffer (``DCGM_FI_DEV_FB_USED``, MiB) and there is no replica limit. First-fit
 decreasing (same order) onto cards of ``memoryMiB`` of the policy's first fractional pool

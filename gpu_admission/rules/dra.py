@@ -55,7 +55,7 @@ def unknown_message(what: str, training: bool, *, offline: bool = False,
     gets memory variables anyway (from what is known), so the message must not deny it."""
     if offline:
         where = (f"{what} is not in the files given to evaluate: add the file that defines it "
-                 "(-f), or read the cluster's objects with --cluster KUBECONFIG")
+                 "(-f), or read the cluster's objects with --kubeconfig FILE")
         if training:
             return where + "; cannot tell whether the GPU is shared"
         return where + ("; sharing not fully checked, memory limits set from the known objects"

@@ -53,7 +53,7 @@ def test_summary_json_exact_for_one_namespace_over_rotated_and_gzipped_files() -
     got = as_json(run("summary", "-o", "json", "-n", "team-b", ROTATED))
     assert got == {
         "filter": "namespace in {team-b}",
-        "input": {"files": 3, "lines": 11, "records": 11, "eventsSkipped": 0,
+        "input": {"files": 3, "lines": 11, "records": 11, "eventsSkipped": 0, "logLines": 0,
                   "badLines": 0, "badSamples": []},
         "total": 4, "dryRun": 1, "first": "2026-11-28T10:00:00Z",
         "last": "2026-11-30T13:00:00Z",
@@ -301,7 +301,7 @@ def test_truncated_gzip_is_a_bad_line_not_a_crash(tmp_path: Path) -> None:
      "--since must be earlier than --until"),
     (["list", "--decision", "maybe", ROTATED], "'maybe' is not one of"),
     (["list", "-o", "yaml", ROTATED], "'yaml' is not one of"),
-    (["report", ROTATED], "Missing option '--html'"),
+    (["report", ROTATED], "Missing option '--out'"),
 ], ids=["missing-file", "empty-glob", "directory", "bad-since", "inverted-window",
         "bad-decision", "bad-format", "report-needs-html"])
 def test_usage_errors_are_clear(args: list[str], message: str) -> None:
@@ -343,7 +343,7 @@ def test_progress_only_on_a_terminal(tmp_path: Path) -> None:
 
 def test_report_is_self_contained(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    result = run("report", "--html", str(page), ROTATED, APISERVER, CORRUPT)
+    result = run("report", "--out", str(page), ROTATED, APISERVER, CORRUPT)
     assert result.stderr.splitlines()[-1] == (f"wrote {page} (20 decisions, 5 bad lines)")
     text = page.read_text()
     assert text.count("<svg") == 3
@@ -360,14 +360,14 @@ def test_report_escapes_user_controlled_text(tmp_path: Path) -> None:
         "namespace": "<script>alert(1)</script>", "user": "\"><img src=x>",
         "violations": [{"rule": "<b>r</b>", "mode": "enforce"}]}) + b"\n")
     page = tmp_path / "report.html"
-    run("report", "--html", str(page), str(log))
+    run("report", "--out", str(page), str(log))
     text = page.read_text()
     assert "<script>" not in text and "<img" not in text and "<b>r" not in text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
 
 
 def test_report_unwritable_target(tmp_path: Path) -> None:
-    result = run("report", "--html", str(tmp_path / "no" / "dir" / "r.html"), ROTATED,
+    result = run("report", "--out", str(tmp_path / "no" / "dir" / "r.html"), ROTATED,
                  check=False)
     assert result.returncode != 0 and "r.html" in result.stderr
 
@@ -377,7 +377,7 @@ def test_empty_input_everywhere(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     assert run("summary", str(empty)).stdout.startswith("0 decisions (0 dry-run), no decisions")
     assert as_json(run("list", "-o", "json", str(empty))) == []
-    run("report", "--html", str(tmp_path / "r.html"), str(empty))
+    run("report", "--out", str(tmp_path / "r.html"), str(empty))
     assert "nothing in this period" in (tmp_path / "r.html").read_text()
 
 

@@ -24,7 +24,7 @@ def chromium() -> str:
 
 def test_report_renders_with_charts_in_headless_chromium(chromium: str, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    subprocess.run([sys.executable, "-m", "gpu_admission", "audit", "report", "--html",
+    subprocess.run([sys.executable, "-m", "gpu_admission", "audit", "report", "--out",
                     str(page), str(DATA / "decisions.log*"), str(DATA / "apiserver-audit.log")],
                    check=True, capture_output=True, timeout=120)
     shot = tmp_path / "shot.png"

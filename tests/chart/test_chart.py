@@ -625,12 +625,12 @@ def test_notes_tell_how_to_opt_in_and_dry_run() -> None:
 
 
 def test_notes_dry_run_pod_is_the_readme_walkthrough_pod() -> None:
-    """The pod NOTES.txt tells users to dry-run is the README's, and it is a valid Pod."""
+    """The pod NOTES.txt tells users to dry-run is docs/install.md's, and a valid Pod."""
     text = notes()
     body = text.split("<<'POD' | kubectl apply --dry-run=server -o yaml -f -\n")[1]
     body = body.split("     POD\n")[0]
     pod = yaml.safe_load("\n".join(line[5:] for line in body.splitlines()))
     kubernetes_validate.validate(pod, K8S_VERSIONS[-1], strict=True)
-    readme = (CHART.parents[1] / "README.md").read_text()
+    readme = (CHART.parents[1] / "docs" / "install.md").read_text()
     walkthrough = readme.split("kubectl apply --dry-run=server -o yaml -f -\n")[1]
     assert yaml.safe_load(walkthrough.split("EOF")[0]) == pod

@@ -160,7 +160,7 @@ def test_output_is_deterministic_across_runs_and_key_orders(tmp_path: Path) -> N
     assert first == again == reordered
     out = tmp_path / "out.yaml"
     assert invoke("compile", "--partial", "--policy", str(tmp_path / "policy.yaml"),
-                  "-o", str(out)).stdout == ""
+                  "--out", str(out)).stdout == ""
     assert out.read_text() == first
 
 

@@ -118,13 +118,13 @@ ERRORS = [
                  id="pool-name"),
     pytest.param({"nodePools": [_pool(memoryMib=1)]},
                  "spec.nodePools[0].memoryMib: unknown field (check the spelling; see "
-                 "README.md#the-policy-file)", id="typo-extra-field"),
+                 "docs/policy.md)", id="typo-extra-field"),
     pytest.param({"rules": {"memory-limit": "deny"}},
                  "spec.rules[\"memory-limit\"]: expected 'enforce', 'warn' or 'audit', "
                  'got "deny"', id="bad-mode"),
     pytest.param({"rules": {"no-such-rule": "warn"}},
                  'spec.rules["no-such-rule"]: unknown field (check the spelling; see '
-                 "README.md#the-policy-file)", id="unknown-rule"),
+                 "docs/policy.md)", id="unknown-rule"),
     pytest.param({"memoryLimits": {"defaultFraction": 1.5}},
                  "spec.memoryLimits.defaultFraction: expected a number in (0, 1], got 1.5",
                  id="fraction-range"),
@@ -153,7 +153,7 @@ def test_several_errors_listed_together() -> None:
     assert str(info.value) == (
         "3 problems:\n  apiVersion: required field is missing\n"
         "  kind: expected 'GPUSharingPolicy', got \"Other\"\n"
-        "  spec.schedulerNam: unknown field (check the spelling; see README.md#the-policy-file)")
+        "  spec.schedulerNam: unknown field (check the spelling; see docs/policy.md)")
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -184,9 +184,9 @@ def test_round_trip_by_alias() -> None:
 
 
 def test_docs_show_the_real_default() -> None:
-    """The README's "built-in default" block is the default policy, field for field."""
-    text = (Path(__file__).parents[2] / "README.md").read_text()
-    section = text.split("### The built-in default", 1)[1]
+    """docs/policy.md's "built-in default" block is the default policy, field for field."""
+    text = (Path(__file__).parents[2] / "docs" / "policy.md").read_text()
+    section = text.split("## The built-in default", 1)[1]
     block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     assert policy_from_yaml(block).model_dump() == default_policy().model_dump()
 

@@ -208,7 +208,7 @@ def test_offline_dra_names_the_missing_object(runs: dict[str, Any]) -> None:
         "rule": "dra-reference-unknown", "path": "spec.resourceClaims[0]", "mode": "enforce",
         "message": "ResourceClaimTemplate ml/single-gpu is not in the files given to "
                    "evaluate: add the file that defines it (-f), or read the cluster's "
-                   "objects with --cluster KUBECONFIG; cannot tell whether the GPU is shared"}]
+                   "objects with --kubeconfig FILE; cannot tell whether the GPU is shared"}]
     infer = by_name["infer-4gi"]
     assert infer["allowed"] is True
     assert env_of(infer["patch"]) == {"NVIDIA_MEM_LIMIT_MB": "4096",  # 4Gi in MiB

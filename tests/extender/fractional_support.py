@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import random
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -114,12 +115,16 @@ class DevicePlugin:
     delay: float = 0.02
     stall: bool = False
     published: list[tuple[str, str]] = field(default_factory=list)  # (reservation, uuid)
+    #: publication after delay + uniform(0, jitter) seconds (UUIDs at random moments)
+    jitter: float = 0.0
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
 
     def __call__(self, method: str, path: str, obj: dict[str, Any]) -> None:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if (method == "POST" and path.endswith("/pods") and obj.get("kind") == "Pod"
                 and labels.get(RESERVATION_LABEL) == "true" and not self.stall):
-            asyncio.get_running_loop().call_later(self.delay, self._publish,
+            delay = self.delay + (self.rng.uniform(0, self.jitter) if self.jitter else 0.0)
+            asyncio.get_running_loop().call_later(delay, self._publish,
                                                   obj["metadata"]["name"])
 
     def _publish(self, name: str) -> None:

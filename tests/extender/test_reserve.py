@@ -28,7 +28,7 @@ ENV = {"POD_NAME": "gpu-admission-reserve-x", "POD_NAMESPACE": "gpu-admission"}
 
 def test_without_a_gpu_nvml_fails_clearly_in_a_real_process() -> None:
     """This machine has no NVIDIA driver: the real pynvml fails to load libnvidia-ml."""
-    proc = subprocess.run([sys.executable, "-m", "gpu_admission", "reserve", "--kube",
+    proc = subprocess.run([sys.executable, "-m", "gpu_admission", "reserve", "--kubeconfig",
                            "/nonexistent"], check=False, capture_output=True, text=True,
                           timeout=60,
                           env={**subprocess_env(), **ENV})
@@ -90,7 +90,7 @@ def test_the_uuid_is_published_on_the_pod(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", lambda h: uuid)
     seen: list[Any] = []
     with api_in_thread(tmp_path, POD, on_write=seen) as kubeconfig:
-        result = CliRunner().invoke(main, ["reserve", "--kube", str(kubeconfig),
+        result = CliRunner().invoke(main, ["reserve", "--kubeconfig", str(kubeconfig),
                                            "--no-hold"], env=ENV)
         assert result.exit_code == 0, result.output
     assert seen == [("PATCH", "/api/v1/namespaces/gpu-admission/pods/gpu-admission-reserve-x",

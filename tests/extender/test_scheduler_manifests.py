@@ -241,7 +241,7 @@ def test_fractional_extender_entry_binds(docs: list[dict[str, Any]]) -> None:
     timeout = parse_go_duration(frac["httpTimeout"])
     reservation = parse_go_duration(flag(args, "--reservation-timeout"))
     assert timeout is not None and reservation is not None and timeout > reservation + 5
-    assert flag(args, "--kube") == "in-cluster" and flag(args, "--namespace") == NS
+    assert flag(args, "--kubeconfig") == "in-cluster" and flag(args, "--namespace") == NS
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
            for e in containers(docs)["extender"]["env"]}
     assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
@@ -373,7 +373,7 @@ def test_sidecar_args_start_the_real_extender(docs: list[dict[str, Any]],
     mapping = {flag(args, "--policy"): str(policy),
                flag(args, "--prometheus"): f"http://127.0.0.1:{free_port()}",
                flag(args, "--port"): str(port), flag(args, "--metrics-port"): str(metrics_port),
-               flag(args, "--kube"): str(kubeconfig)}
+               flag(args, "--kubeconfig"): str(kubeconfig)}
     local = [mapping.get(a, a) for a in args]
     proc = subprocess.Popen([sys.executable, "-m", "gpu_admission", "extender", *local],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

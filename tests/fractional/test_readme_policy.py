@@ -1,6 +1,6 @@
-"""The README's admission policy that closes the residual ConfigMap risk of fractional GPUs:
-valid against the Kubernetes OpenAPI schema, and its CEL (evaluated with the compiler's
-cel-python evaluator, as the compile tests do) lets only the scheduler write
+"""docs/fractional.md's admission policy that closes the residual ConfigMap risk of
+fractional GPUs: valid against the Kubernetes OpenAPI schema, and its CEL (evaluated with the
+compiler's cel-python evaluator, as the compile tests do) lets only the scheduler write
 ``gpu-admission-gpu-*`` ConfigMaps."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import yaml
 from gpu_admission.compile.evaluator import run
 from gpu_admission.vocab import GPU_CONFIGMAP_PREFIX
 
-README = Path(__file__).parents[2] / "README.md"
+README = Path(__file__).parents[2] / "docs" / "fractional.md"
 SCHEDULER = "system:serviceaccount:gpu-admission:gpu-aware-scheduler"
 
 
 def policy_docs() -> list[dict[str, Any]]:
     text = README.read_text()
-    section = text[text.index("## Fractional GPUs"):text.index("## Two ways to enforce")]
+    section = text[text.index("# Fractional GPUs"):]
     blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
     (block,) = [b for b in blocks if "ValidatingAdmissionPolicy" in b]
     return [d for d in yaml.safe_load_all(block) if d]

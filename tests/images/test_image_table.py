@@ -50,7 +50,7 @@ BAD = [
      "and digests): remove one"),
     ("unknown-field", [{"repository": "a/b", "tag": "v1", "cudaVersion": "12.4"}],
      "spec.cudaRouting.images[0].tag: unknown field (check the spelling; see "
-     "README.md#the-policy-file)"),
+     "docs/policy.md)"),
     ("missing-version", [{"repository": "a/b"}],
      "spec.cudaRouting.images[0].cudaVersion: required field is missing"),
 ]

@@ -427,3 +427,27 @@ def test_unreadable_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "cannot load Kubernetes credentials" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_kubeconfig_env_is_used_without_the_option(cluster: tuple[FakeCluster, Path],
+                                                   tmp_path: Path) -> None:
+    """Without --kubeconfig: $KUBECONFIG first (before ~/.kube/config and in-cluster), as
+    every command resolves it (gpu_admission.cli_options.resolve_kubeconfig)."""
+    state, kubeconfig = cluster
+    load_configs(state)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_admission", "install-certs", "--namespace", NS,
+         "--service", SVC], capture_output=True, text=True, timeout=60, check=False,
+        env={**env, "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+             "HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert state.calls()[:2] == [("GET", SECRET_PATH), ("POST", SECRETS_PATH)]
+    nothing = subprocess.run(
+        [sys.executable, "-m", "gpu_admission", "install-certs"], capture_output=True,
+        text=True, timeout=60, check=False, env={**env, "HOME": str(tmp_path)})
+    assert nothing.returncode == 1
+    assert nothing.stderr.strip().endswith(
+        "no cluster to talk to: pass --kubeconfig FILE, set KUBECONFIG, create "
+        "~/.kube/config, or run in a pod (its ServiceAccount)")

@@ -539,7 +539,7 @@ def known_options(command: click.Command, args: list[str]) -> dict[str, str | bo
 
 @pytest.fixture
 def kube_api(tmp_path: Path) -> Iterator[Path]:
-    """A kubeconfig for a test API serving the DRA resources (for ``--dra-watch``)."""
+    """A kubeconfig for a test API serving the DRA resources (for ``--kubeconfig``)."""
     with api_in_thread(tmp_path) as kubeconfig:
         yield kubeconfig
 
@@ -563,7 +563,7 @@ def test_deployment_args_start_the_real_server(tmp_path: Path, kube_api: Path) -
                flag(args, "--policy"): str(policy_dir / Path(flag(args, "--policy")).name),
                flag(args, "--port"): str(https_port),
                flag(args, "--metrics-port"): str(metrics_port),
-               flag(args, "--dra-watch"): str(kube_api)}
+               flag(args, "--kubeconfig"): str(kube_api)}
     local = [mapping.get(a, a) for a in args]
     proc = subprocess.Popen([sys.executable, "-m", "gpu_admission", *local, "--host",
                              "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -985,7 +985,7 @@ def test_dockerfile_multi_stage_non_root_and_matches_the_deployment() -> None:
     # the Deployment spells out the CMD and only adds the explicit ports and the DRA cache
     assert container["args"][:len(cmd)] == cmd
     assert container["args"][len(cmd):] == ["--port", "8443", "--metrics-port", "8080",
-                                            "--dra-watch", "in-cluster"]
+                                            "--kubeconfig", "in-cluster"]
     assert exposed == {p["containerPort"] for p in container["ports"]}
     known_options(serve, cmd[1:])
     # every file the build copies exists in the repository

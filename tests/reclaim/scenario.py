@@ -10,6 +10,8 @@ Times (UTC; working hours Mon-Fri 08:00-18:00 UTC, the policy default): ``T0`` i
 * ``gap``: like ``idle_from_nine``, no samples Wednesday 10:00-10:30;
 * ``busy_again``: like ``idle_from_nine``, busy again from Wednesday 11:30;
 * shared GPU: an idle and a busy pod on one GPU, both series carrying the device's 40 %.
+* ``fresh``: a GPU whose series start 3 hours before T0 (a new node, exporter or Prometheus),
+  idle from its first sample: at T0 idle 3 h 5 min of working hours (from 08:05).
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ def gap(ts: int) -> int | None:
     if WED + 10 * HOUR <= ts < WED + 10 * HOUR + 30 * 60:
         return None
     return idle_from_nine(ts)
+
+
+def fresh(ts: int) -> int | None:
+    return None if ts < T0 - 3 * HOUR else 2
 
 
 def behaviour(util: Callable[[int], int | None], holder: tuple[str, str]) -> Behaviour:
@@ -154,4 +160,7 @@ def history() -> list[Gpu]:
         gpu("node-b", 0, lambda ts: 40, pod_name("ml", "share-busy")),
     ]
     gpus += [gpu("node-c", i, idle_from_nine, pod_name("bulk", f"nb-{i}")) for i in range(10)]
+    # a node that came up 3 hours before T0: two notebooks idle on it since
+    gpus += [gpu("node-f", 0, fresh, pod_name("ml", "fresh-nb")),
+             gpu("node-f", 1, fresh, ("ml", "fresh-kf-0"))]
     return gpus

@@ -151,3 +151,49 @@ def test_one_pod(spec: dict[str, Any], ns: str, util: float, action: Action | No
         assert plan.items == ()
     else:
         assert [(i.action, i.reason) for i in plan.items] == [(action, reason)]
+
+
+NAN = float("nan")
+
+
+def _series(*parts: tuple[int, float]) -> list[float]:
+    """``(count, value)`` runs, oldest first; NaN is a missing sample."""
+    return [value for count, value in parts for _ in range(count)]
+
+
+@pytest.mark.parametrize(("util", "cause", "reason"), [
+    pytest.param(_series((12, NAN), (24, 1.0)), None, "idle 2 h of working hours",
+                 id="gpu-series-start-2h-ago"),
+    pytest.param(_series((3, 1.0), (3, NAN), (30, 1.0)), None,
+                 "idle 2 h 30 min of working hours", id="gap-before-the-idle-run"),
+    pytest.param(_series((30, 1.0), (1, NAN), (5, 1.0)), "missing-samples",
+                 "1 of 36 samples missing on GPU node/0 since its idle run began at "
+                 "2025-12-03T09:00:00Z: no data is never idle", id="gap-after-the-run-began"),
+    pytest.param(_series((10, 1.0), (6, NAN), (20, 1.0)), "missing-samples",
+                 "6 of 36 samples missing on GPU node/0 since the pod first held it at "
+                 "2025-12-03T09:00:00Z: no data is never idle", id="gap-and-no-run"),
+    pytest.param(_series((24, NAN), (12, 1.0)), "not-idle-long-enough",
+                 "no idle run of 2 h of working hours on GPU node/0 in the window",
+                 id="gpu-too-new"),
+    pytest.param(_series((30, 1.0), (6, 50.0)), "busy", "busy at 2025-12-03T12:00:00Z",
+                 id="busy-after-an-idle-run"),
+])
+def test_missing_samples_count_only_in_the_span_judged(util: list[float], cause: str | None,
+                                                       reason: str) -> None:
+    """Samples missing before the GPU's series began, or before the idle run, do not make a
+    pod "never idle"; one missing inside the run does. Pods left out say why."""
+    cluster, keys = _world("ml", ["nb"], noticed=None)
+    for p in cluster.pods:
+        p["metadata"]["labels"] = {"notebook-name": "nb"}
+    fetched = _fetched(keys, 1.0)
+    data = fetched.gpus[0]
+    data.util[:] = array("d", util)
+    data.holders[keys[0]][:] = bytearray(0 if v != v else 1 for v in util)  # v != v: NaN
+    plan = build_plan(fetched, cluster, policy(), now=WED_NOON, window=fetched.range)
+    if cause is None:
+        assert ([(i.action, i.reason) for i in plan.items], plan.left_out) == (
+            [(Action.NOTICE, reason)], ())
+    else:
+        assert plan.items == ()
+        assert [(o.pod, o.workload, o.cause.value, o.reason) for o in plan.left_out] == [
+            (keys[0][1], "notebook", cause, reason)]

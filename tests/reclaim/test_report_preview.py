@@ -17,11 +17,12 @@ def test_report_lists_what_reclaim_would_do(prom: PrometheusProcess) -> None:
     result = CliRunner().invoke(main, [*args, "-o", "json"])
     assert result.exit_code == 1, result.output  # partial: the gap GPU
     rows = {(r["namespace"], r["pod"]): r for r in orjson.loads(result.stdout)["reclaim"]}
-    # idle at night only, a gap, a GPU shared with a busy pod, busy again later: absent
+    # idle at night only, a gap, a GPU shared with a busy pod, busy again later: absent;
+    # GPUs whose series start 3 h before the end: idle since (nothing before is missing)
     assert sorted(rows) == sorted([
         ("ml", "jupyter-alice-7d9f-abcde"), ("lab", "jupyter-bob-7d9f-abcde"),
         ("ml", "carol-0"), ("ml", "llm-0"), ("ml", "dave-7d9f-abcde"), ("ml", "batch-x7k2p"),
-        ("ml", "scratch"),
+        ("ml", "scratch"), ("ml", "fresh-nb-7d9f-abcde"), ("ml", "fresh-kf-0"),
         *(("bulk", f"nb-{i}-7d9f-abcde") for i in range(10))])
     assert rows[("ml", "jupyter-alice-7d9f-abcde")] == {
         "namespace": "ml", "pod": "jupyter-alice-7d9f-abcde", "gpus": ["node-a/0"],
