@@ -15,6 +15,7 @@ a policy with every rule in every mode, the guard half (compiled, the shipped
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -323,3 +324,26 @@ def test_partial_compile_admits_gpu_pods(pod: str, named: bool) -> None:
                     RequestFacts("team-a", user="alice"))
     assert outcome.decision.gpu
     assert outcome.decision.allowed or outcome.decision.violations, outcome.denial
+
+
+def test_issue_table_through_evaluate_compiled(tmp_path: Path) -> None:
+    """The same table as a user runs it: ``gpu-admission evaluate --compiled`` on the pods
+    (the compiled policies evaluated offline with the API server's ``request``) answers like
+    the webhook (``evaluate``), row by row, with no CEL error."""
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from gpu_admission.cli import main  # noqa: PLC0415
+
+    rows = ["cpu", "hostpath-var-log", "hostpath-dev-nvidia0", "visible-devices-all",
+            "gpu-inference"]
+    path = tmp_path / "pods.yaml"
+    path.write_text(yaml.safe_dump_all([{**PODS[r], "metadata": {"name": r,
+                                                                 "namespace": "team-a"}}
+                                        for r in rows]))
+    args = ["evaluate", "-o", "json", "-f", str(path)]
+    engine = CliRunner().invoke(main, args)
+    compiled = CliRunner().invoke(main, [*args, "--compiled"])
+    assert "resulted in error" not in compiled.output and "no such" not in compiled.output
+    got = [json.loads(line) for line in compiled.stdout.splitlines()]
+    assert got == [json.loads(line) for line in engine.stdout.splitlines()]
+    assert [d["allowed"] for d in got] == [True, True, False, False, True]
