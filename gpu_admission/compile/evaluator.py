@@ -285,8 +285,10 @@ def admission_request(pod: Any, facts: RequestFacts) -> dict[str, Any]:
       ``kubectl debug``;
     * ``requestKind``, ``requestResource`` (omitempty, but non-nil pointers): always present;
     * ``requestSubResource`` (omitempty): as ``subResource``;
-    * ``name`` (omitempty): **absent** on a CREATE from ``generateName`` (the name is generated
-      after admission);
+    * ``name`` (omitempty): **absent** on a CREATE from ``generateName`` in the mutating stage
+      (the name is generated after it; the validating stage gets the generated name,
+      ``AdmissionToValidateObjectFunc`` in ``pkg/registry/rest/create.go``). Here it is the
+      pod's own ``metadata.name`` in both stages: no emitted expression reads it;
     * ``namespace`` (omitempty): absent only for cluster-scoped objects;
     * ``operation``: always;
     * ``userInfo`` (a struct, always present), of authentication/v1 ``UserInfo``, every field
@@ -359,7 +361,9 @@ def activation_of(pod: Any, facts: RequestFacts, namespace_labels: Mapping[str, 
 
 
 def _old_object(pod: Any, facts: RequestFacts) -> Any:
-    """``oldObject``: the pod itself on UPDATE, and for an ephemeral-container UPDATE the pod
+    """``oldObject``: ``null`` on CREATE; the pod itself on UPDATE and DELETE (on DELETE
+    ``object`` is ``null``); for an ephemeral-container UPDATE (the subresource carries the
+    whole Pod, docs/guard.md) the pod
     with only the ephemeral containers it already had (``facts.existing_ephemeral``)."""
     if facts.operation not in ("UPDATE", "DELETE"):
         return None
