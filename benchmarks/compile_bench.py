@@ -56,7 +56,7 @@ from typing import Any
 import yaml
 
 from gpu_admission.compile.compiler import compile_policy, is_constant
-from gpu_admission.compile.evaluator import admit, counting_cost
+from gpu_admission.compile.evaluator import admission_request, admit, counting_cost
 from gpu_admission.compile.guard import compile_guard
 from gpu_admission.compile.offline import as_admitted
 from gpu_admission.compile.render import render
@@ -395,8 +395,9 @@ def cel_cpp_run(cpp: CelCpp, objects: list[dict[str, Any]], pod: dict[str, Any],
             data[f"variables.{name}"] = lazy(variables[name], data, variables)
 
     labels = {"kubernetes.io/metadata.name": "team-a", "gpu-admission.io/enabled": "true"}
-    request = {"operation": "CREATE", "subResource": "", "namespace": "team-a",
-               "userInfo": {"username": "alice", "groups": ["system:authenticated"]}}
+    # the API server's request (issue 31: omitempty fields such as subResource absent)
+    request = admission_request(pod, RequestFacts("team-a", user="alice",
+                                                  groups=("system:authenticated",)))
     current = pod
     current_policy = [""]
     for stage in ("MutatingAdmissionPolicy", "ValidatingAdmissionPolicy"):

@@ -105,6 +105,9 @@ class FakeApiServer:
     on_write: list[Any] = field(default_factory=list)
     #: (method, path regex) -> HTTP status answered instead (a failing API server)
     failures: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: the body of ``GET /metrics`` (the Prometheus text format, as kube-apiserver serves it
+    #: to a client allowed ``get`` on the non-resource URL); None: 403 Forbidden
+    metrics: str | None = ""
     #: (method, path regex) -> a gate: matching object calls wait until it is set (a call
     #: held in flight); :attr:`held` lists (method, path) of each call that reached one
     holds: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
@@ -190,6 +193,12 @@ class FakeApiServer:
     # --- HTTP ---------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/metrics" and request.method == "GET":
+            if self.metrics is None:
+                return status_response(403, "Forbidden", 'forbidden: User "webhook" cannot '
+                                       'get path "/metrics"')
+            return web.Response(body=self.metrics.encode(), headers={
+                "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
         if request.path == DRA_PREFIX.rstrip("/") and request.method == "GET":
             return self._discovery()
         collection = self.collection(request.path)
@@ -437,16 +446,18 @@ async def running_api(tmp: Path) -> AsyncIterator[tuple[FakeApiServer, Path]]:
 
 @contextmanager
 def api_in_thread(tmp: Path, *objs: dict[str, Any],
-                  on_write: list[Any] | None = None) -> Iterator[Path]:
+                  on_write: list[Any] | None = None, metrics: str | None = "") -> Iterator[Path]:
     """The fake API, holding ``objs``, on its own event loop in a thread (for tests that run
     the webhook as a subprocess); yields the kubeconfig. ``on_write``: gets (method, path,
-    body, the stored object's annotations) of each write."""
+    body, the stored object's annotations) of each write. ``metrics``: what ``GET /metrics``
+    serves (None: 403)."""
     ready: queue_module.Queue[Path] = queue_module.Queue()
     done = threading.Event()
 
     async def serve() -> None:
         async with running_api(tmp) as (fake, kubeconfig):
             fake.apply(*objs)
+            fake.metrics = metrics
             if on_write is not None:
                 fake.on_write.append(lambda method, path, obj: on_write.append(
                     (method, path, fake.writes[-1][2],

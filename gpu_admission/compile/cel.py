@@ -135,3 +135,15 @@ def glob_to_re2(glob: str) -> str:
             out.append("\\" + char)
         i += 1
     return "^(?s:" + "".join(out) + ")$"
+
+
+def request_field_is(field: str, value: str) -> str:
+    """``request.<field> == value`` for a field the API server leaves out when empty.
+
+    ``request`` is the ``AdmissionRequest`` converted to unstructured, so its ``omitempty``
+    fields (``subResource``, ``requestSubResource``, ``name``, ``namespace``,
+    ``userInfo.username``, ``userInfo.groups``) are *absent* when empty and reading one without
+    ``has()`` is an evaluation error (issue 31; the field list is
+    :func:`gpu_admission.compile.evaluator.admission_request`). cel-python has no optional
+    types, so ``has()`` rather than ``.?``/``orValue``: both evaluators accept it."""
+    return f"(has(request.{field}) && request.{field} == {value})"

@@ -35,7 +35,7 @@ from gpu_admission.patch import escape
 from gpu_admission.policy.model import RULE_IDS, Policy
 from gpu_admission.vocab import CUDA_VERSION_LABEL, MUTATED_ANNOTATION, NAMESPACE_OPT_IN_LABEL
 
-from .cel import concat, lit, rec, var
+from .cel import concat, lit, rec, request_field_is, var
 from .rules import UNITS, WEBHOOK_ONLY, WebhookOnly, unit_for
 from .units import CompileError, Program, Var, affinity_ops, analysis
 
@@ -59,8 +59,8 @@ class CompileFailure(Exception):
     def __init__(self, stays: dict[str, WebhookOnly]) -> None:
         self.stays = stays
         lines = [f"  {rule}: {s.field}: {s.why}" for rule, s in stays.items()]
-        super().__init__("cannot compile these rules into admission policies (use --partial "
-                         "to compile the rest and keep them with the webhook):\n"
+        super().__init__("cannot compile these rules into admission policies (without "
+                         "--strict they stay with the webhook and the rest is compiled):\n"
                          + "\n".join(lines))
 
 
@@ -124,7 +124,8 @@ def not_exempt(users: str, groups: str) -> dict[str, str]:
     of two (``users``, ``groups``: CEL list literals). The evaluator tells a user from a group
     exemption by evaluating it again (evaluator._exemption)."""
     return {"name": "not-exempt",
-            "expression": f"!(request.userInfo.username in {users} || "
+            "expression": f"!((has(request.userInfo.username) && "
+                          f"request.userInfo.username in {users}) || "
                           "(has(request.userInfo.groups) && "
                           f"request.userInfo.groups.exists(g, g in {groups})))"}
 
@@ -226,7 +227,7 @@ def build_program(policy: Policy, *, partial: bool
     names = {v.name for v in prog.variables}
     for name, default in (("protect", "false"), ("driverOn", "false"), ("schedulerOp", "false"),
                           ("nodeSelectorOp", "false"), ("cudaOk", "false"),
-                          ("ephemeral", 'request.subResource == "ephemeralcontainers"'),
+                          ("ephemeral", request_field_is("subResource", '"ephemeralcontainers"')),
                           ("guardViolations", "[]"), ("guardOps", "[]")):
         if name not in names:
             prog.add(name, default, "rule compiled out (stays with the webhook)")

@@ -265,30 +265,107 @@ class Outcome:
     denial: str = ""  # the API server's denial message ("" when allowed)
 
 
+def admission_request(pod: Any, facts: RequestFacts) -> dict[str, Any]:
+    """The CEL variable ``request`` exactly as a 1.36 API server builds it for a Pod request.
+
+    ``CreateAdmissionRequest`` (k8s.io/apiserver ``pkg/admission/plugin/cel/condition.go``,
+    https://github.com/kubernetes/apiserver/blob/v0.36.3/pkg/admission/plugin/cel/condition.go)
+    fills an ``admissionv1.AdmissionRequest``; ``newActivation`` (``activation.go``, same tag)
+    turns it into the variable with ``runtime.DefaultUnstructuredConverter.ToUnstructured``
+    (``convertObjectToUnstructured``), which drops a field tagged ``omitempty`` when it is
+    empty (``structToUnstructured``/``isEmpty`` in k8s.io/apimachinery
+    ``pkg/runtime/converter.go`` v0.36.3: "", 0, false, nil pointer, nil or empty map/slice;
+    a struct is never empty). The tags are k8s.io/api ``admission/v1/types.go`` v0.36.3. So,
+    field by field:
+
+    * ``uid`` (``json:"uid"``): never set by CreateAdmissionRequest, so always ``""``;
+    * ``kind``, ``resource`` (no omitempty; metav1.GroupVersionKind/Resource fields have none
+      either): ``{group: "", version: "v1", kind: "Pod"}`` / ``{..., resource: "pods"}``;
+    * ``subResource`` (omitempty): **absent** for the Pod itself, ``ephemeralcontainers`` for
+      ``kubectl debug``;
+    * ``requestKind``, ``requestResource`` (omitempty, but non-nil pointers): always present;
+    * ``requestSubResource`` (omitempty): as ``subResource``;
+    * ``name`` (omitempty): **absent** on a CREATE from ``generateName`` in the mutating stage
+      (the name is generated after it; the validating stage gets the generated name,
+      ``AdmissionToValidateObjectFunc`` in ``pkg/registry/rest/create.go``). Here it is the
+      pod's own ``metadata.name`` in both stages: no emitted expression reads it;
+    * ``namespace`` (omitempty): absent only for cluster-scoped objects;
+    * ``operation``: always;
+    * ``userInfo`` (a struct, always present), of authentication/v1 ``UserInfo``, every field
+      omitempty: ``username`` absent when empty, ``groups`` absent when the user has none,
+      ``uid`` absent here (not in RequestFacts), ``extra`` absent (an empty map);
+    * ``object``, ``oldObject`` (omitempty RawExtension, a struct: kept): both ``null``
+      ("Leave Object and OldObject unset": a nil RawExtension marshals to ``null``, which
+      structured-merge-diff's ``TypeReflectCacheEntry.ToUnstructured`` stores as nil);
+    * ``dryRun`` (omitempty, ``*bool``): CreateAdmissionRequest always passes ``&dryRun``,
+      so it is **present**, ``true`` or ``false``;
+    * ``options`` (RawExtension of the operation's options): the handlers set its TypeMeta
+      (``options.TypeMeta.SetGroupVersionKind(...CreateOptions)`` in
+      ``pkg/endpoints/handlers/create.go``, ``UpdateOptions`` in ``update.go``), and
+      ``dryRun: ["All"]`` is the options' own omitempty list;
+      ``DeleteOptions`` on DELETE.
+    """
+    gvk = {"group": "", "version": "v1", "kind": "Pod"}
+    gvr = {"group": "", "version": "v1", "resource": "pods"}
+    request: dict[str, Any] = {"uid": "", "kind": gvk, "resource": gvr}
+    if facts.sub_resource:
+        request["subResource"] = facts.sub_resource
+    request["requestKind"] = dict(gvk)
+    request["requestResource"] = dict(gvr)
+    if facts.sub_resource:
+        request["requestSubResource"] = facts.sub_resource
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if isinstance(name, str) and name:
+        request["name"] = name
+    if facts.namespace:
+        request["namespace"] = facts.namespace
+    request["operation"] = facts.operation
+    user: dict[str, Any] = {}
+    if facts.user:
+        user["username"] = facts.user
+    if facts.groups:
+        user["groups"] = list(facts.groups)
+    request["userInfo"] = user
+    request["object"] = None
+    request["oldObject"] = None
+    request["dryRun"] = facts.dry_run
+    kind = {"CREATE": "CreateOptions", "UPDATE": "UpdateOptions",
+            "DELETE": "DeleteOptions"}.get(facts.operation)
+    options: dict[str, Any] | None = None
+    if kind is not None:
+        options = {"kind": kind, "apiVersion": "meta.k8s.io/v1"}
+        if facts.dry_run:
+            options["dryRun"] = ["All"]
+    request["options"] = options
+    return request
+
+
 def activation_of(pod: Any, facts: RequestFacts, namespace_labels: Mapping[str, str],
                 ) -> dict[str, Any]:
     """The variables the API server binds for a policy on ``pod`` (``object``, ``request``,
-    ``namespaceObject``, ...); public: :mod:`.offline` evaluates the same expressions."""
-    request = {"operation": facts.operation, "namespace": facts.namespace,
-               "kind": {"group": "", "version": "v1", "kind": "Pod"},
-               "resource": {"group": "", "version": "v1", "resource": "pods"},
-               "subResource": facts.sub_resource,
-               "name": (pod.get("metadata") or {}).get("name", "") if isinstance(pod, dict)
-               else "", "dryRun": facts.dry_run,
-               "userInfo": {"username": facts.user, "groups": list(facts.groups)}}
-    namespace = {"metadata": {"name": facts.namespace, "labels": dict(namespace_labels)}}
+    ``namespaceObject``, ...); public: :mod:`.offline` evaluates the same expressions.
+    ``object`` is ``null`` on DELETE and ``oldObject`` on CREATE (``objectToResolveVal`` of a
+    nil object, ``activation.go``); ``request`` is :func:`admission_request`."""
+    metadata: dict[str, Any] = {"name": facts.namespace}
+    if namespace_labels:  # ObjectMeta.labels is omitempty too
+        metadata["labels"] = dict(namespace_labels)
+    namespace = {"metadata": metadata}
     activation: dict[str, Any] = dict(cast(Mapping[str, Any], celpy.adapter.json_to_cel(
-        {"object": pod, "oldObject": _old_object(pod, facts),
-         "request": request, "namespaceObject": namespace})))
+        {"object": None if facts.operation == "DELETE" else pod,
+         "oldObject": _old_object(pod, facts),
+         "request": admission_request(pod, facts), "namespaceObject": namespace})))
     activation["lists"] = _Lists({})
     activation["JSONPatch"] = JSONPatch
     return activation
 
 
 def _old_object(pod: Any, facts: RequestFacts) -> Any:
-    """``oldObject``: the pod itself on UPDATE, and for an ephemeral-container UPDATE the pod
+    """``oldObject``: ``null`` on CREATE; the pod itself on UPDATE and DELETE (on DELETE
+    ``object`` is ``null``); for an ephemeral-container UPDATE (the subresource carries the
+    whole Pod, docs/guard.md) the pod
     with only the ephemeral containers it already had (``facts.existing_ephemeral``)."""
-    if facts.operation != "UPDATE":
+    if facts.operation not in ("UPDATE", "DELETE"):
         return None
     spec = pod.get("spec") if isinstance(pod, dict) else None
     if facts.sub_resource != "ephemeralcontainers" or not isinstance(spec, dict):

@@ -465,6 +465,7 @@ def webhook_fallback_condition() -> str:
             "(has(object.spec) && request.operation == 'CREATE' && (\n"
             "    (has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) ||\n"
             f"    {per_kind})) ||\n"
-            f"(has(object.spec) && request.subResource == 'ephemeralcontainers' && "
+            f"(has(object.spec) && has(request.subResource) && "
+            "request.subResource == 'ephemeralcontainers' && "
             f"has(object.spec.{eph}) &&\n"
             f"  object.spec.{eph}.exists(c,\n      {unclean}))")

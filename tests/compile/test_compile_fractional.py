@@ -19,7 +19,8 @@ MESSAGE = ("Error: cannot compile a policy with fractional node pools (spec.node
            "the pool's sharing\n")
 
 
-@pytest.mark.parametrize("extra", [[], ["--partial"]], ids=["plain", "partial"])
+@pytest.mark.parametrize("extra", [[], ["--partial"], ["--strict"]],
+                         ids=["plain", "partial", "strict"])
 def test_compile_refuses_fractional_pools(extra: list[str]) -> None:
     result = CliRunner().invoke(main, ["compile", "--policy", str(POLICY_FILE), *extra])
     assert (result.exit_code, result.stdout, result.stderr) == (1, "", MESSAGE)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gpu_admission.compile.evaluator import admit
@@ -111,3 +112,93 @@ def test_audit_reads_the_guard_halfs_annotations(tmp_path: Path) -> None:
     assert {k: record[k] for k in ("stage", "decision", "modes", "warningCount")} == {
         "stage": "guard-enforce.gpu-admission.io", "decision": "allowed",
         "modes": {"gpu-visible-devices": "warn"}, "warningCount": 1}
+
+
+# --------------------------------------------------------------------------- health (issue 31)
+def metrics_text(*samples: tuple[str, str, str, int]) -> str:
+    """``GET /metrics`` as kube-apiserver 1.36 writes it: the two families of
+    k8s.io/apiserver ``pkg/admission/plugin/policy/{validating,mutating}/metrics/metrics.go``
+    (HELP text with component-base's stability prefix), labels sorted as Prometheus' Go client
+    writes them, plus an unrelated family. ``samples``: (kind, policy, error_type, count)."""
+    vap = "apiserver_validating_admission_policy_check_total"
+    map_ = "apiserver_mutating_admission_policy_check_total"
+    lines = [
+        "# HELP apiserver_request_total [STABLE] Counter of apiserver requests broken out for "
+        "each verb, dry run value, group, version, resource, scope, component, and HTTP "
+        "response code.",
+        "# TYPE apiserver_request_total counter",
+        'apiserver_request_total{code="201",component="apiserver",dry_run="",group="",'
+        'resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 42',
+        f"# HELP {map_} [ALPHA] Mutation admission policy check total, labeled by policy and "
+        "further identified by binding.",
+        f"# TYPE {map_} counter"]
+    lines += [f'{map_}{{error_type="{error}",policy="{policy}",policy_binding="{policy}"}} '
+              f"{count}" for kind, policy, error, count in samples
+              if kind == "MutatingAdmissionPolicy"]
+    lines += [f"# HELP {vap} [BETA] Validation admission policy check total, labeled by policy "
+              "and further identified by binding and enforcement action taken.",
+              f"# TYPE {vap} counter"]
+    lines += [f'{vap}{{enforcement_action="{"allow" if error == "no_error" else "deny"}",'
+              f'error_type="{error}",policy="{policy}",policy_binding="{policy}"}} {count}'
+              for kind, policy, error, count in samples if kind == "ValidatingAdmissionPolicy"]
+    return "\n".join(lines) + "\n"
+
+
+def health_check(kubeconfig: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpu_admission", "compile", "--check",
+                           "--kubeconfig", str(kubeconfig), *extra],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_check_reports_type_checking_warnings_and_failed_evaluations(tmp_path: Path) -> None:
+    objects = copy.deepcopy(installed())
+    vap = next(o for o in objects if o["metadata"]["name"] == "guard-enforce.gpu-admission.io")
+    vap["status"] = {"observedGeneration": 1, "typeChecking": {"expressionWarnings": [{
+        "fieldRef": "spec.validations[0].expression",
+        "warning": "apps/v1, Kind=Pod: ERROR: <input>:1:8: undefined field 'spce'\n"
+                   " | object.spce\n | .......^"}]}}
+    metrics = metrics_text(
+        ("MutatingAdmissionPolicy", "guard.gpu-admission.io", "no_error", 40),
+        ("MutatingAdmissionPolicy", "guard.gpu-admission.io", "invalid_error", 7),
+        ("ValidatingAdmissionPolicy", "guard-enforce.gpu-admission.io", "no_error", 40),
+        ("ValidatingAdmissionPolicy", "someone-elses.example.com", "invalid_error", 3))
+    with api_in_thread(tmp_path, *objects, metrics=metrics) as kubeconfig:
+        proc = health_check(kubeconfig)
+        guard = check(kubeconfig)
+    assert (proc.returncode, proc.stderr) == (1, "")
+    assert proc.stdout.splitlines() == [
+        "ValidatingAdmissionPolicy guard-enforce.gpu-admission.io: type checking: "
+        "spec.validations[0].expression: apps/v1, Kind=Pod: ERROR: <input>:1:8: undefined "
+        "field 'spce' | object.spce | .......^",
+        "MutatingAdmissionPolicy guard.gpu-admission.io: evaluations failed (invalid_error 7; "
+        "apiserver_mutating_admission_policy_check_total since the API server started): see "
+        "its logs, or `kubectl create --dry-run=server` a pod to see the error"]
+    # --guard --check: the drift report and the same health findings
+    assert guard.returncode == 1
+    assert proc.stdout.splitlines()[0] in guard.stdout.splitlines()
+
+
+def test_check_healthy_cluster(tmp_path: Path) -> None:
+    metrics = metrics_text(("ValidatingAdmissionPolicy", "guard-enforce.gpu-admission.io",
+                            "no_error", 40))
+    with api_in_thread(tmp_path, *installed(), metrics=metrics) as kubeconfig:
+        proc = health_check(kubeconfig)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout == (f"{len(installed())} gpu-admission admission policies: no "
+                           "type-checking warnings, no failed evaluations\n")
+
+
+@pytest.mark.parametrize(("metrics", "error"), [
+    pytest.param(None, "Error: GET /metrics: HTTP 403 (reading the API server's metrics needs "
+                 "`get` on the non-resource URL /metrics, e.g. ClusterRole system:monitoring)",
+                 id="forbidden"),
+    pytest.param("apiserver_x{a=\"1\" 2\n", "Error: GET /metrics: not the Prometheus text "
+                 "format:", id="garbage"),
+])
+def test_check_unreadable_metrics_is_a_clear_error(tmp_path: Path, metrics: str | None,
+                                                   error: str) -> None:
+    with api_in_thread(tmp_path, *installed(), metrics=metrics) as kubeconfig:
+        proc = health_check(kubeconfig)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(error), proc.stderr
+    assert "Traceback" not in proc.stderr

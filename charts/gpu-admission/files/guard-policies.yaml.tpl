@@ -59,7 +59,7 @@ spec:
 {{- if include "gpu-admission.guard.exempting" . }}
   - name: not-exempt
     expression: |-
-      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
+      !((has(request.userInfo.username) && request.userInfo.username in {{ include "gpu-admission.guard.users" . }}) || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
 {{- end }}
   - name: not-already-clean
     expression: |-
@@ -68,7 +68,7 @@ spec:
   - name: ephemeral
     expression: |-
       // kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the ephemeral containers it adds
-      request.subResource == "ephemeralcontainers"
+      (has(request.subResource) && request.subResource == "ephemeralcontainers")
   - name: guardContainers
     expression: |-
       // the containers the guard judges: every container and init container on CREATE, the added ephemeral containers on a pods/ephemeralcontainers UPDATE
@@ -200,13 +200,13 @@ spec:
 {{- if include "gpu-admission.guard.exempting" . }}
   - name: not-exempt
     expression: |-
-      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
+      !((has(request.userInfo.username) && request.userInfo.username in {{ include "gpu-admission.guard.users" . }}) || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
 {{- end }}
   variables:
   - name: ephemeral
     expression: |-
       // kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the ephemeral containers it adds
-      request.subResource == "ephemeralcontainers"
+      (has(request.subResource) && request.subResource == "ephemeralcontainers")
   - name: guardContainers
     expression: |-
       // the containers the guard judges: every container and init container on CREATE, the added ephemeral containers on a pods/ephemeralcontainers UPDATE
@@ -341,7 +341,7 @@ spec:
 {{- if include "gpu-admission.guard.exempting" . }}
   - name: not-exempt
     expression: |-
-      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
+      !((has(request.userInfo.username) && request.userInfo.username in {{ include "gpu-admission.guard.users" . }}) || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
 {{- end }}
   - name: not-already-clean
     expression: |-
@@ -350,7 +350,7 @@ spec:
   - name: ephemeral
     expression: |-
       // kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the ephemeral containers it adds
-      request.subResource == "ephemeralcontainers"
+      (has(request.subResource) && request.subResource == "ephemeralcontainers")
   - name: guardContainers
     expression: |-
       // the containers the guard judges: every container and init container on CREATE, the added ephemeral containers on a pods/ephemeralcontainers UPDATE
@@ -538,7 +538,7 @@ spec:
 {{- if include "gpu-admission.guard.exempting" . }}
   - name: not-exempt
     expression: |-
-      !(request.userInfo.username in {{ include "gpu-admission.guard.users" . }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
+      !((has(request.userInfo.username) && request.userInfo.username in {{ include "gpu-admission.guard.users" . }}) || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "gpu-admission.guard.groups" . }})))
 {{- end }}
   - name: not-already-clean
     expression: |-
@@ -547,7 +547,7 @@ spec:
   - name: ephemeral
     expression: |-
       // kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the ephemeral containers it adds
-      request.subResource == "ephemeralcontainers"
+      (has(request.subResource) && request.subResource == "ephemeralcontainers")
   - name: guardContainers
     expression: |-
       // the containers the guard judges: every container and init container on CREATE, the added ephemeral containers on a pods/ephemeralcontainers UPDATE

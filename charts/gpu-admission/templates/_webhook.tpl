@@ -87,7 +87,7 @@ matchConditions:
           (has(object.spec.initContainers) && object.spec.initContainers.exists(c,
             !(has(c.env) && c.env.exists(e, has(e.name) && e.name == 'NVIDIA_VISIBLE_DEVICES') && c.env.all(e,
               !has(e.name) || e.name != 'NVIDIA_VISIBLE_DEVICES' || (has(e.value) && !has(e.valueFrom) && (e.value == 'void' || e.value == 'none')))))))) ||
-      (has(object.spec) && request.subResource == 'ephemeralcontainers' && has(object.spec.ephemeralContainers) &&
+      (has(object.spec) && has(request.subResource) && request.subResource == 'ephemeralcontainers' && has(object.spec.ephemeralContainers) &&
         object.spec.ephemeralContainers.exists(c,
             !(has(c.env) && c.env.exists(e, has(e.name) && e.name == 'NVIDIA_VISIBLE_DEVICES') && c.env.all(e,
               !has(e.name) || e.name != 'NVIDIA_VISIBLE_DEVICES' || (has(e.value) && !has(e.valueFrom) && (e.value == 'void' || e.value == 'none'))))))

@@ -10,7 +10,7 @@ from gpu_admission.decision import Mode
 from gpu_admission.policy.model import Policy
 from gpu_admission.rules import gpu_access
 
-from ..cel import concat, has_path, lit, pyrepr, rec, srec, trunc, var
+from ..cel import concat, has_path, lit, pyrepr, rec, request_field_is, srec, trunc, var
 from ..units import Program, violation
 
 
@@ -63,7 +63,8 @@ class GuardUnit:
         current = f'{last} >= 0 && has({entry}.value) ? {entry}.value : ""'
         guard_record = rec(kind="a.kind", index="a.index", at=last, state=state,
                            has_env="has(a.c.env)", value=current)
-        prog.add("ephemeral", f'request.subResource == {lit(gpu_access.EPHEMERAL_SUBRESOURCE)}',
+        prog.add("ephemeral", request_field_is("subResource",
+                                                lit(gpu_access.EPHEMERAL_SUBRESOURCE)),
                  "kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the "
                  "ephemeral containers it adds")
         prog.add("guardContainers",
