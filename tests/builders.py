@@ -124,3 +124,16 @@ def patch_ops(response: dict[str, Any]) -> list[dict[str, Any]]:
     assert response.get("patchType") == "JSONPatch", response
     ops: list[dict[str, Any]] = orjson.loads(base64.b64decode(raw))
     return ops
+
+
+def patch_env(patch: list[dict[str, Any]], container: int = 0) -> dict[str, str]:
+    """The env vars a patch gives ``spec.containers[container]`` (the whole list added, or
+    appended one by one), by name."""
+    out: dict[str, str] = {}
+    base = f"/spec/containers/{container}/env"
+    for op in patch:
+        if op["path"] == base:
+            out.update({e["name"]: e["value"] for e in op["value"]})
+        elif op["path"] == base + "/-":
+            out[op["value"]["name"]] = op["value"]["value"]
+    return out

@@ -32,6 +32,7 @@ import pytest_asyncio
 import yaml
 
 from tests.builders import make_review, patch_ops
+from tests.builders import patch_env as env_of
 from tests.dra.objects import (
     CUDA_IMAGE,
     INFERENCE,
@@ -148,17 +149,6 @@ PAIRS = version_pairs() + [
     for i, resource, tpl, labels, allowed, rules, mem in FORM_PAIRS]
 IDS = [p.id for p in PAIRS]
 
-
-def env_of(patch: list[dict[str, Any]], container: int = 0) -> dict[str, str]:
-    """The env vars the patch gives a container (whole list added, or appended one by one)."""
-    out: dict[str, str] = {}
-    base = f"/spec/containers/{container}/env"
-    for op in patch:
-        if op["path"] == base:
-            out.update({e["name"]: e["value"] for e in op["value"]})
-        elif op["path"] == base + "/-":
-            out[op["value"]["name"]] = op["value"]["value"]
-    return out
 
 
 def summary(allowed: bool, violations: list[dict[str, Any]], patch: list[dict[str, Any]],

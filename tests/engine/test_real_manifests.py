@@ -29,6 +29,7 @@ import yaml
 
 from gpu_admission.workloads import pod_templates
 from tests.builders import make_review
+from tests.builders import patch_env as env_of
 from tests.server_support import SecretDir, Server, make_config, new_bundle, running_server
 
 DATA = Path(__file__).parent.parent / "data" / "realworld"
@@ -41,16 +42,6 @@ def evaluate(*args: str) -> tuple[int, list[dict[str, Any]], str]:
                            *args], capture_output=True, text=True, timeout=120, check=False)
     return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()], proc.stderr
 
-
-def env_of(patch: list[dict[str, Any]], container: int = 0) -> dict[str, str]:
-    out: dict[str, str] = {}
-    base = f"/spec/containers/{container}/env"
-    for op in patch:
-        if op["path"] == base:
-            out.update({e["name"]: e["value"] for e in op["value"]})
-        elif op["path"] == base + "/-":
-            out[op["value"]["name"]] = op["value"]["value"]
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import yaml
 
 from gpu_admission.workloads import RuntimeCatalog, pod_templates
 from tests.builders import make_container, make_pod, make_review
+from tests.builders import patch_env as env_of
 from tests.server_support import SecretDir, Server, make_config, new_bundle, running_server
 
 DATA = Path(__file__).parent.parent / "data" / "realworld2"
@@ -41,16 +42,6 @@ def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
 def json_rows(out: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines()]
 
-
-def env_of(patch: list[dict[str, Any]], container: int = 0) -> dict[str, str]:
-    out: dict[str, str] = {}
-    base = f"/spec/containers/{container}/env"
-    for op in patch:
-        if op["path"] == base:
-            out.update({e["name"]: e["value"] for e in op["value"]})
-        elif op["path"] == base + "/-":
-            out[op["value"]["name"]] = op["value"]["value"]
-    return out
 
 
 def op_at(patch: list[dict[str, Any]], path: str) -> Any:
