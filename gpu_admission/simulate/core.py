@@ -301,6 +301,20 @@ def gpu_aware_profile(cluster: Cluster, pod: Shape, rng: np.random.Generator) ->
     return Decision(int(cand[_pick_max(score, rng)]), -1)
 
 
+DEFAULT_MILLI_CPU: Final = 100  # kube-scheduler's non-zero CPU request (milli-CPU)
+
+
+def fgd_key(shape: Shape) -> Shape:
+    """A pod as FGD's typical-pod histogram counts it: ``simontype.PodResource`` is (milli-CPU,
+    milli-GPU per card, cards, GPU model) with no memory (``pkg/type/resource.go``), and
+    ``utils.GetPodResource`` takes the CPU through ``GetNonzeroRequests`` (0 -> 100m). So pods
+    differing only in memory are one typical shape, and the 95 % coverage cut is made over
+    those merged counts (``GetTypicalPods``, ``podPopularityThreshold: 95``,
+    ``podIncreaseStep: 1``, ``isInvolvedCpuPods: true`` in ``generate_config_and_run.py``)."""
+    return Shape(shape.cpu_milli or DEFAULT_MILLI_CPU, 0, shape.gpu_milli, shape.gpus,
+                 shape.models)
+
+
 def make_policy(name: str, seed: int, pods: Sequence[PodSpec]) -> Policy:
     rng = np.random.Generator(np.random.PCG64(seed + 1_000_003))
     if name == "random":
@@ -308,7 +322,7 @@ def make_policy(name: str, seed: int, pods: Sequence[PodSpec]) -> Policy:
     if name == "bestfit":
         return bestfit_policy(rng)
     if name == "fgd":
-        return Fgd(rng, [p.shape for p in pods])
+        return Fgd(rng, [fgd_key(p.shape) for p in pods])
     if name == "shipped":
         return Shipped(rng)
     if name == "shipped-cpu-default":
