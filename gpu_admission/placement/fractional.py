@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from gpu_admission.placement.frag import (
     MILLI,
@@ -125,6 +126,9 @@ class Registry:
     keys: list[tuple[NodeView, int]] = field(default_factory=list)
     nodes: Nodes | None = None
     cache: FragCache | None = None
+    #: bumped whenever a row, the node set or the cache changes: a ranking computed at one
+    #: generation holds for the next request at the same generation (prioritize after filter)
+    generation: int = 0
 
     def arrays(self, views: list[NodeView], cards: list[int], typ: Typical,
                resources: list[tuple[int, int] | None] | None = None
@@ -166,8 +170,12 @@ class Registry:
             dirty.update(moved.tolist())
         if self.cache is None or self.cache.typ is not typ:
             self.cache = FragCache.build(nodes, typ)
+            self.generation += 1
         elif dirty:
             self.cache.update(nodes, np.array(sorted(dirty), dtype=np.int64))
+            self.generation += 1
+        elif rebuild:
+            self.generation += 1
         return nodes, self.cache, rows
 
     def _grow(self, views: list[NodeView], cards: list[int]) -> None:
@@ -202,6 +210,17 @@ def _cards(view: NodeView, card_mib: int) -> tuple[list[int], list[str]]:
             [g.gpu_id for g in view.open] + [NEW_GPU] * view.free_whole)
 
 
+@dataclass(frozen=True, slots=True)
+class RankMemo:
+    """The last ranking of a placer, in registry rows: for which pod, at which registry
+    generation and shapes, over which rows (``evaluated``, a mask over registry rows)."""
+
+    key: tuple[int, int, tuple[int, int], int]  # share MiB, headroom MiB, pod, generation
+    typ: Typical
+    evaluated: npt.NDArray[np.bool_]
+    ranking: Ranking  # rows: registry rows
+
+
 #: a node's labels object, the policy and the fractional pool they select
 PoolEntry = tuple[Mapping[str, str] | None, Policy, NodePool | None]
 
@@ -227,6 +246,10 @@ class Placer:
     workload: Workload = field(default_factory=Workload)
     registry: Registry = field(default_factory=Registry)
     pool_cache: dict[str, PoolEntry] = field(default_factory=dict)
+    #: reuse the last ranking when the same pod (share, CPU, memory, headroom) is ranked
+    #: again on unchanged arrays: kube-scheduler calls prioritize right after filter
+    reuse: bool = True
+    last: RankMemo | None = None
     _typ: Typical | None = None
     _typ_seen: int = -1
 
@@ -273,6 +296,31 @@ def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
         nodes, cache, rows_of = placer.registry.arrays(views, card_mib, typ, resources)
     position = np.full(len(nodes.names), -1, dtype=np.int64)
     position[rows_of] = np.arange(len(rows_of))
+    key = (share_mib, placement.memory_headroom_mib, pod, placer.registry.generation)
+    memo = placer.last
+    if (typical is None and placer.reuse and memo is not None and memo.key == key
+            and memo.typ is typ and len(memo.evaluated) == len(nodes.names)
+            and bool(memo.evaluated[rows_of].all())):
+        wanted = np.zeros(len(nodes.names), dtype=bool)
+        wanted[rows_of] = True
+        keep = wanted[memo.ranking.rows]
+        m = memo.ranking
+        return Ranking(position[m.rows[keep]], m.card[keep], m.delta[keep],
+                       m.gpu_left[keep], m.cpu_left[keep])
+    merged = _rank_rows(share_mib, card_mib, placement, typ=typ, nodes=nodes, cache=cache,
+                        rows_of=rows_of, pod=pod)
+    if typical is None:
+        evaluated = np.zeros(len(nodes.names), dtype=bool)
+        evaluated[rows_of] = True
+        placer.last = RankMemo(key, typ, evaluated, merged)
+    return Ranking(position[merged.rows], merged.card, merged.delta, merged.gpu_left,
+                   merged.cpu_left)
+
+
+def _rank_rows(share_mib: int, card_mib: list[int], placement: Placement, *, typ: Typical,
+               nodes: Nodes, cache: FragCache, rows_of: IntArray,
+               pod: tuple[int, int]) -> Ranking:
+    """:func:`rank` over ``rows_of`` one card size at a time, merged (rows: array rows)."""
     sizes = np.array(card_mib, dtype=np.int64)
     parts: list[Ranking] = []
     for size in np.unique(sizes).tolist():
@@ -286,11 +334,9 @@ def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
         return Ranking(empty, empty, np.zeros(0), empty, empty)
-    merged = parts[0] if len(parts) == 1 else Ranking(
+    return parts[0] if len(parts) == 1 else Ranking(
         *(np.concatenate([getattr(p, f) for p in parts])
           for f in ("rows", "card", "delta", "gpu_left", "cpu_left")))
-    return Ranking(position[merged.rows], merged.card, merged.delta, merged.gpu_left,
-                   merged.cpu_left)
 
 
 def options(view: NodeView, card_mib: int, share_mib: int, placement: Placement,

@@ -14,7 +14,7 @@ from gpu_admission.placement.fractional import (
     score_fractional,
 )
 from gpu_admission.placement.frag import Workload
-from gpu_admission.placement.ledger import Ledger
+from gpu_admission.placement.ledger import Assignment, Ledger
 from gpu_admission.policy.model import Policy, policy_from_dict
 from tests.extender.fractional_support import NAMESPACE, POOL_LABEL, frac_node
 
@@ -77,3 +77,34 @@ def test_two_placers_rank_the_same_state_alike_until_one_learns() -> None:
     assert sa == sb
     assert a.registry.nodes is not None and b.registry.nodes is not None
     assert a.registry.nodes is not b.registry.nodes
+
+
+def test_prioritize_after_filter_reuses_the_ranking_and_a_change_invalidates_it() -> None:
+    """The second ranking of the same pod on unchanged arrays is the first one's (no
+    recomputation: same arrays, the memo kept), equal to a placer that never reuses; once a
+    node changes (a share assumed on it), the ranking is computed again and differs."""
+    ledger = Ledger(NAMESPACE)
+    nodes = [frac_node(f"n{i}", gpus=2) for i in range(4)]
+    ledger.replace_nodes(nodes)
+    names = [n["metadata"]["name"] for n in nodes]
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
+    pol = policy()
+    reuse, fresh = Placer(), Placer(reuse=False)
+
+    def scores(placer: Placer, subset: list[str]) -> list[tuple[str, int]]:
+        views = {n: ledger.view(n) for n in subset}
+        return score_fractional(30000, subset, views, labels, pol, placer=placer,
+                                snapshot=None, resources=dict.fromkeys(subset, (64000, 262144)))
+
+    views = {n: ledger.view(n) for n in names}
+    filter_fractional(30000, names, views, labels, pol, placer=reuse,
+                      resources=dict.fromkeys(names, (64000, 262144)))
+    memo = reuse.last
+    assert memo is not None
+    subset = names[1:]
+    assert scores(reuse, subset) == scores(fresh, subset)
+    assert reuse.last is memo  # reused, not recomputed
+    ledger.assume(Assignment("t", "p", "u", "n2", ledger.open_gpu("r", "n2"), 30000))
+    after = scores(reuse, subset)
+    assert reuse.last is not memo
+    assert after == scores(fresh, subset)
