@@ -25,8 +25,10 @@ Placements:
   ``int(100 * (1 - (0.5 * cpu_left / 128000 + 0.5 * gpu_left / 8000)))``, min-max normalised
   to 0..100 in integers, ties at random (kube-scheduler's ``selectHost``), the tightest card;
 * ``fgd``: FGD (``fgd_score.go``) against the typical pods of the input (known in advance,
-  CPU only): ``int(100 * sigmoid((frag_before - frag_after) / 1000))`` per node, the card
-  with the highest, ties at random;
+  keyed as the simulator keys them: :func:`fgd_key`, CPU pods included):
+  ``int(100 * sigmoid((frag_before - frag_after) / 1000))`` per node, the card with the
+  highest; equal scores go to the node whose name sorts first (the simulator's vendored
+  ``selectHost``, :func:`_pick_max_first_name`: not random);
 * ``shipped``: what the install runs (:mod:`gpu_admission.placement.frag` with the learned
   workload and the measure counting memory): the extender's filter keeps only the nodes tied
   at the top of its ranking, kube-scheduler picks among them (at random: they are equal for
@@ -172,6 +174,16 @@ def _pick_max(scores: np.ndarray[Any, Any], rng: np.random.Generator) -> int:
     return int(top[rng.integers(0, len(top))]) if len(top) > 1 else int(top[0])
 
 
+def _pick_max_first_name(scores: np.ndarray[Any, Any], names: Sequence[str]) -> int:
+    """The simulator's own tie rule: among the highest scores, the node whose name sorts
+    first. Its vendored kube-scheduler replaced ``selectHost``'s reservoir sampling with "for
+    reproducibility, choose the smallest lexicographical order if the score remains the same"
+    (``vendor/k8s.io/kubernetes/pkg/scheduler/core/generic_scheduler.go``). ``names``: the
+    candidates' names, in the order of ``scores``."""
+    top = np.flatnonzero(scores == scores.max())
+    return int(min(top.tolist(), key=lambda i: names[i]))
+
+
 def bestfit_policy(rng: np.random.Generator) -> Policy:
     def decide(cluster: Cluster, pod: Shape) -> Decision:
         n = cluster.nodes
@@ -211,7 +223,7 @@ class Fgd:
         if len(r.rows) == 0:
             return Decision(-1, -1)
         score = (_sigmoid(-r.delta / 1000) * 100).astype(np.int64)
-        i = _pick_max(score, self.rng)
+        i = _pick_max_first_name(score, [n.names[int(row)] for row in r.rows])
         return Decision(int(r.rows[i]), int(r.card[i]))
 
     def placed(self, cluster: Cluster, row: int) -> None:
