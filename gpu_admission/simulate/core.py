@@ -23,7 +23,8 @@ Placements:
   Random: ``RandomScore`` + ``gpusel random``);
 * ``bestfit``: the paper's BestFit (``best_fit_score.go``): score
   ``int(100 * (1 - (0.5 * cpu_left / 128000 + 0.5 * gpu_left / 8000)))``, min-max normalised
-  to 0..100 in integers, ties at random (kube-scheduler's ``selectHost``), the tightest card;
+  to 0..100 in integers, ties to the node whose name sorts first (the simulator's
+  ``selectHost``, :func:`_pick_max_first_name`), the tightest card;
 * ``fgd``: FGD (``fgd_score.go``) against the typical pods of the input (known in advance,
   keyed as the simulator keys them: :func:`fgd_key`, CPU pods included):
   ``int(100 * sigmoid((frag_before - frag_after) / 1000))`` per node, the card with the
@@ -185,6 +186,7 @@ def _pick_max_first_name(scores: np.ndarray[Any, Any], names: Sequence[str]) -> 
 
 
 def bestfit_policy(rng: np.random.Generator) -> Policy:
+    del rng  # equal scores go by node name (the simulator's selectHost), nothing is drawn
     def decide(cluster: Cluster, pod: Shape) -> Decision:
         n = cluster.nodes
         ok, _ = fits(n, pod)
@@ -196,7 +198,7 @@ def bestfit_policy(rng: np.random.Generator) -> Policy:
         raw = ((1.0 - (cpu_left + gpu_left)) * 100).astype(np.int64)  # Go int64(): truncate
         lo, hi = raw.min(), raw.max()
         norm = (raw - lo) * 100 // (hi - lo) if hi > lo else np.zeros_like(raw)
-        row = int(cand[_pick_max(norm, rng)])
+        row = int(cand[_pick_max_first_name(norm, [n.names[int(c)] for c in cand])])
         return Decision(row, _tightest_card(n, row, pod))
     return decide
 
