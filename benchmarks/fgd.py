@@ -31,7 +31,7 @@ def paper() -> dict[tuple[str, str], tuple[float, float]]:
     return out
 
 
-def extender_latency(pods: int = 2000) -> None:
+def extender_latency(pods: int = 2000, *, reuse: bool = True) -> None:
     """filter + prioritize of one fractional pod over the 1,213 openb nodes, as the extender
     runs them (the ledger's views, each node's free CPU/memory from :class:`NodeRequests`,
     :func:`filter_fractional`, :func:`score_fractional`), with the ledger and the requests
@@ -40,9 +40,9 @@ def extender_latency(pods: int = 2000) -> None:
     import numpy as np  # noqa: PLC0415 (only this mode)
 
     from gpu_admission.placement.fractional import (  # noqa: PLC0415
+        Placer,
         choose,
         filter_fractional,
-        observe,
         score_fractional,
     )
     from gpu_admission.placement.ledger import Assignment, Ledger  # noqa: PLC0415
@@ -70,6 +70,7 @@ def extender_latency(pods: int = 2000) -> None:
     rng = np.random.default_rng(42)
     shares = [4096, 8192, 12288, 16384, 24576, 40960]
     times = []
+    placer = Placer(reuse=reuse)  # the extender's (create_app makes one per app)
     for i in range(pods):
         share = int(rng.choice(shares))
         pod = (int(rng.choice([2000, 4000, 8000])), int(rng.choice([8192, 16384, 32768])))
@@ -77,16 +78,16 @@ def extender_latency(pods: int = 2000) -> None:
         t0 = time.perf_counter()
         # as the extender does per call: each node's allocatable minus its pods' requests
         resources = {name: requests.free(node_objs[name]) for name in names}
-        observe(share, card, pod)
-        passed = filter_fractional(share, names, views, labels, policy, resources=resources,
-                                   pod=pod).passed
-        scores = score_fractional(share, passed, views, labels, policy, snapshot=None,
-                                  resources=resources, pod=pod)
+        placer.observe(share, card, pod)
+        passed = filter_fractional(share, names, views, labels, policy, placer=placer,
+                                   resources=resources, pod=pod).passed
+        scores = score_fractional(share, passed, views, labels, policy, placer=placer,
+                                  snapshot=None, resources=resources, pod=pod)
         times.append(time.perf_counter() - t0)
         if not passed:
             continue
         best = max(scores, key=lambda hs: hs[1])[0]
-        choice = choose(views[best], card, share, policy.spec.placement)
+        choice = choose(views[best], card, share, policy.spec.placement, placer=placer)
         assert choice is not None
         gpu = choice.gpu_id or ledger.open_gpu(f"r{i}", best)
         ledger.assume(Assignment("t", f"p{i}", f"u{i}", best, gpu, share))
@@ -95,14 +96,16 @@ def extender_latency(pods: int = 2000) -> None:
                               "requests": {"cpu": f"{pod[0]}m", "memory": f"{pod[1]}Mi"}}}]},
                           "status": {"phase": "Running"}})
     ms = np.array(times) * 1000
-    print(f"extender filter+prioritize over {len(names)} nodes, {pods} pods: p50 "
+    print(f"extender filter+prioritize over {len(names)} nodes, {pods} pods, prioritize "
+          f"{'reusing' if reuse else 'recomputing'} filter's ranking: p50 "
           f"{np.percentile(ms, 50):.2f} ms, p99 {np.percentile(ms, 99):.2f} ms, max "
           f"{ms.max():.2f} ms")
 
 
 def main() -> None:
     if "--extender" in sys.argv:
-        extender_latency()
+        for reuse in (False, True):  # before / after, same process and load
+            extender_latency(reuse=reuse)
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="42-51")

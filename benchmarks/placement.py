@@ -359,7 +359,7 @@ def fractional_timing(calls: int, n_nodes: int = 500) -> None:
     the real kubernetes client."""
     from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod  # noqa: PLC0415
     from gpu_admission.fractional import visible_devices_value  # noqa: PLC0415
-    from gpu_admission.placement.fractional import filter_fractional  # noqa: PLC0415
+    from gpu_admission.placement.fractional import Placer, filter_fractional  # noqa: PLC0415
     from gpu_admission.placement.ledger import Assignment, Ledger  # noqa: PLC0415
     from tests.extender.fractional_support import NAMESPACE, frac_node, frac_pod, frac_policy  # noqa: PLC0415
 
@@ -404,10 +404,12 @@ def fractional_timing(calls: int, n_nodes: int = 500) -> None:
           f"p99 {percentile(times, 0.99):.4f}")
     labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
     cold = []
+    placer = Placer()
     for _ in range(max(calls // 100, 10)):
         ledger.replace_nodes(nodes)  # every view dropped: a cold filter
         t0 = time.perf_counter()
-        filter_fractional(16384, names, {n: ledger.view(n) for n in names}, labels, policy)
+        filter_fractional(16384, names, {n: ledger.view(n) for n in names}, labels, policy,
+                          placer=placer)
         cold.append((time.perf_counter() - t0) * 1000)
     print(f"{'filter, all nodes, cold':<34} p50 {percentile(cold, 0.5):.3f}  "
           f"p99 {percentile(cold, 0.99):.3f}")

@@ -52,11 +52,10 @@ from gpu_admission.extender.gpustate import (
 from gpu_admission.kube.client import api_client
 from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
 from gpu_admission.placement.fractional import (
+    Placer,
     filter_fractional,
     fractional_error,
     fractional_share,
-    node_pool,
-    observe,
     score_fractional,
 )
 from gpu_admission.placement.gpus import Snapshot
@@ -191,6 +190,9 @@ class ExtenderState:
     #: CPU and memory requested per node (fragmentation ranking), from its own pods watch
     requests: NodeRequests | None = None
     requests_watcher: Watcher | None = None
+    #: the fractional ranking's learned workload and arrays (filter, prioritize and the
+    #: binder share this one object: :class:`Placer`)
+    placer: Placer = field(default_factory=Placer)
 
 
 STATE = web.AppKey("extender_state", ExtenderState)
@@ -397,12 +399,13 @@ def decide_fractional(state: ExtenderState, verb: str, args: ExtenderArgs,
     pod = pod_requests(args.pod)
     if verb == "filter":
         # learn the workload from the pods asked about (once per scheduling attempt)
-        pool = next((p for p in (node_pool(labels[n], state.policy) for n in args.names)
+        placer = state.placer
+        pool = next((p for p in (placer.pool(n, labels[n], state.policy) for n in args.names)
                      if p is not None), None)
         if pool is not None:
-            observe(share, pool.memory_mib, pod)
+            placer.observe(share, pool.memory_mib, pod)
         result = filter_fractional(share, args.names, views, labels, state.policy,
-                                   resources=resources, pod=pod)
+                                   placer=placer, resources=resources, pod=pod)
         if result.failed:
             state.metrics.filtered.inc(len(result.failed))
             meta = args.pod.get("metadata")
@@ -412,7 +415,7 @@ def decide_fractional(state: ExtenderState, verb: str, args: ExtenderArgs,
         out = encode_filter(args, result)
     else:
         out = encode_priorities(score_fractional(share, args.names, views, labels,
-                                                 state.policy,
+                                                 state.policy, placer=state.placer,
                                                  snapshot=state.poller.fresh_snapshot(),
                                                  resources=resources, pod=pod))
     return web.Response(body=out, content_type=JSON)
@@ -581,14 +584,16 @@ def create_app(config: ExtenderConfig, *,
     poller = Poller(PollerConfig(config.prometheus_url, config.interval_seconds, config.window,
                                  config.node_label, config.stale_after_intervals), log,
                     on_poll=ext_metrics.on_poll)
+    placer = Placer()  # this app's: filter, prioritize and bind rank with it
     state = ExtenderState(config=config, log=log, metrics=ext_metrics, poller=poller,
-                          policy=policy)
+                          policy=policy, placer=placer)
     ext_metrics.stale.set_function(lambda: 1.0 if poller.stale() else 0.0)
     if config.kube_source is not None:
         bind_config = config.bind or BindConfig(namespace="gpu-admission", image="gpu-admission")
         kube_state = KubeState(api_client(config.kube_source, pool_size=16), bind_config,
                                BindMetrics(ext_metrics.registry), log,
-                               lambda: state.policy, config.watch_timeout_seconds)
+                               lambda: state.policy, config.watch_timeout_seconds,
+                               placer=placer)
         state.kube = kube_state
         state.binder = Binder(kube_state)
         requests = state.requests = NodeRequests()

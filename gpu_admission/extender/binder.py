@@ -55,6 +55,7 @@ from gpu_admission.kube.aio import AsyncKube
 from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
 from gpu_admission.placement.fractional import (
     NEW_GPU,
+    Placer,
     choose,
     fractional_error,
     fractional_share,
@@ -292,6 +293,9 @@ class KubeState:
     #: pod UID -> facts of fractional pods not bound yet (filter/prioritize and the watch
     #: add; binding, deletion or a terminal phase drop)
     pending: dict[str, PodFacts] = field(default_factory=dict)
+    #: the extender's fractional ranking state (its learned workload): bind takes the card
+    #: the ranking filter and prioritize used
+    placer: Placer = field(default_factory=Placer)
     watcher: Watcher = field(init=False)
 
     def __post_init__(self) -> None:
@@ -466,7 +470,8 @@ class Binder:
             raise BindError(f"node {node} is not in a fractional node pool; a fractional pod "
                             f"needs one")
         view = state.ledger.view(node)
-        choice = choose(view, pool.memory_mib, facts.share_mib, policy.spec.placement)
+        choice = choose(view, pool.memory_mib, facts.share_mib, policy.spec.placement,
+                        placer=state.placer)
         if choice is None:
             state.metrics.races.inc()
             why = no_fit_reason(view, pool.memory_mib, facts.share_mib, policy.spec.placement)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from gpu_admission.placement.frag import (
     MILLI,
@@ -45,10 +46,7 @@ from gpu_admission.policy.model import NodePool, Placement, Policy
 from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_MEMORY_ANNOTATION
 
 NEW_GPU: Final = ""  # Choice.gpu_id of a GPU to open
-#: The workload this process has been asked to place (one per extender: filter observes each
-#: fractional pod once per scheduling attempt), shared by filter, prioritize and bind so the
-#: card bind picks is the one the ranking promised. Re-read every :data:`REFRESH_EVERY` pods.
-LEARNED: Final = Workload()
+#: the learned workload's typical shapes are re-read every this many observed pods
 REFRESH_EVERY: Final = 256
 
 
@@ -73,27 +71,12 @@ def fractional_error(pod: Mapping[str, Any]) -> str:
     return ""
 
 
-_POOLS: dict[int, tuple[Mapping[str, str], Policy, NodePool | None]] = {}
-
-
 def node_pool(labels: Mapping[str, str] | None, policy: Policy) -> NodePool | None:
     """The fractional pool a node belongs to: every nodeSelector label of the pool on the
-    node (the first such pool in policy order). Remembered per labels object and policy
-    (the watch replaces a node's labels object when they change), so a request over a
-    thousand nodes does not match every selector again."""
+    node (the first such pool in policy order). Not remembered (bind and the metrics ask
+    for one node at a time; a ranking over many nodes asks :meth:`Placer.pools`)."""
     if not labels:
         return None
-    hit = _POOLS.get(id(labels))
-    if hit is not None and hit[0] is labels and hit[1] is policy:
-        return hit[2]
-    pool = _match_pool(labels, policy)
-    if len(_POOLS) > 100_000:
-        _POOLS.clear()
-    _POOLS[id(labels)] = (labels, policy, pool)
-    return pool
-
-
-def _match_pool(labels: Mapping[str, str], policy: Policy) -> NodePool | None:
     for pool in policy.spec.node_pools:
         if pool.fractional and all(labels.get(k) == v for k, v in pool.node_selector.items()):
             return pool
@@ -115,26 +98,6 @@ def card_milli(free_mib: int, card_mib: int) -> int:
 def need_milli(mib: int, card_mib: int) -> int:
     """MiB asked of a card as milli-GPU, rounded up (so the MiB always fit)."""
     return -(-mib * MILLI // card_mib)
-
-
-@dataclass
-class Typicals:
-    """The learned workload's typical shapes as arrays, refreshed every
-    :data:`REFRESH_EVERY` observations (between refreshes the ranking is stable)."""
-
-    workload: Workload
-    typ: Typical | None = None
-    seen: int = -1
-
-    def get(self) -> Typical:
-        if self.typ is None or self.workload.seen - self.seen >= REFRESH_EVERY:
-            # one model column: a fractional pool's share is a fraction of any card
-            self.typ = typical_arrays(self.workload.typical(), [""], OURS)
-            self.seen = self.workload.seen
-        return self.typ
-
-
-TYPICALS: Final = Typicals(LEARNED)
 
 
 def node_state(views: list[NodeView], card_mib: list[int]) -> tuple[Nodes, list[list[str]]]:
@@ -163,6 +126,9 @@ class Registry:
     keys: list[tuple[NodeView, int]] = field(default_factory=list)
     nodes: Nodes | None = None
     cache: FragCache | None = None
+    #: bumped whenever a row, the node set or the cache changes: a ranking computed at one
+    #: generation holds for the next request at the same generation (prioritize after filter)
+    generation: int = 0
 
     def arrays(self, views: list[NodeView], cards: list[int], typ: Typical,
                resources: list[tuple[int, int] | None] | None = None
@@ -204,8 +170,12 @@ class Registry:
             dirty.update(moved.tolist())
         if self.cache is None or self.cache.typ is not typ:
             self.cache = FragCache.build(nodes, typ)
+            self.generation += 1
         elif dirty:
             self.cache.update(nodes, np.array(sorted(dirty), dtype=np.int64))
+            self.generation += 1
+        elif rebuild:
+            self.generation += 1
         return nodes, self.cache, rows
 
     def _grow(self, views: list[NodeView], cards: list[int]) -> None:
@@ -230,7 +200,6 @@ class Registry:
         self.cache = None
 
 
-REGISTRY: Final = Registry()
 UNLIMITED: Final = 2**40  # CPU/memory of a node nothing is known about (milli-CPU, MiB)
 
 
@@ -241,24 +210,117 @@ def _cards(view: NodeView, card_mib: int) -> tuple[list[int], list[str]]:
             [g.gpu_id for g in view.open] + [NEW_GPU] * view.free_whole)
 
 
+@dataclass(frozen=True, slots=True)
+class RankMemo:
+    """The last ranking of a placer, in registry rows: for which pod, at which registry
+    generation and shapes, over which rows (``evaluated``, a mask over registry rows)."""
+
+    key: tuple[int, int, tuple[int, int], int]  # share MiB, headroom MiB, pod, generation
+    typ: Typical
+    evaluated: npt.NDArray[np.bool_]
+    ranking: Ranking  # rows: registry rows
+
+
+#: a node's labels object, the policy and the fractional pool they select
+PoolEntry = tuple[Mapping[str, str] | None, Policy, NodePool | None]
+
+
+@dataclass
+class Placer:
+    """Everything fractional placement remembers between requests, held by whoever places
+    (the extender's ``create_app`` makes one and keeps it in its state for filter,
+    prioritize and bind; each test or benchmark makes its own). Nothing of it is
+    process-wide, so two extenders or two replays in one process never see each other's
+    workload (project rule: state passed explicitly).
+
+    * ``workload``: the shapes of the fractional pods asked about (filter observes each pod
+      once per scheduling attempt), which the fragmentation is measured against; its typical
+      shapes are re-read every :data:`REFRESH_EVERY` observations, so filter, prioritize and
+      bind of one pod rank against the same shapes (the card bind takes is the one the
+      ranking promised);
+    * ``registry``: the nodes' arrays between requests (:class:`Registry`);
+    * ``pool_cache``: node name -> (its labels object, policy, pool): one lookup and two
+      identity checks per node and request (the watch replaces a node's labels object when
+      they change) instead of matching every selector."""
+
+    workload: Workload = field(default_factory=Workload)
+    registry: Registry = field(default_factory=Registry)
+    pool_cache: dict[str, PoolEntry] = field(default_factory=dict)
+    #: reuse the last ranking when the same pod (share, CPU, memory, headroom) is ranked
+    #: again on unchanged arrays: kube-scheduler calls prioritize right after filter
+    reuse: bool = True
+    last: RankMemo | None = None
+    _typ: Typical | None = None
+    _typ_seen: int = -1
+
+    def typical(self) -> Typical:
+        """The learned workload's typical shapes as arrays (stable between refreshes)."""
+        if self._typ is None or self.workload.seen - self._typ_seen >= REFRESH_EVERY:
+            # one model column: a fractional pool's share is a fraction of any card
+            self._typ = typical_arrays(self.workload.typical(), [""], OURS)
+            self._typ_seen = self.workload.seen
+        return self._typ
+
+    def observe(self, share_mib: int, card_mib: int, pod: tuple[int, int] = (0, 0)) -> None:
+        """Count a fractional pod in the learned workload: its share as milli-GPU of its
+        pool's card, its (milli-CPU, MiB) requests."""
+        self.workload.observe(Shape(pod[0], pod[1], min(MILLI, need_milli(share_mib,
+                                                                          card_mib)), 1))
+
+    def pool(self, name: str, labels: Mapping[str, str] | None,
+             policy: Policy) -> NodePool | None:
+        """:func:`node_pool` of a node, remembered per name, labels object and policy."""
+        hit = self.pool_cache.get(name)
+        if hit is not None and hit[0] is labels and hit[1] is policy:
+            return hit[2]
+        pool = node_pool(labels, policy)
+        self.pool_cache[name] = (labels, policy, pool)
+        return pool
+
+
 def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
-                    placement: Placement, typical: Typical | None = None, *,
+                    placement: Placement, typical: Typical | None = None, *, placer: Placer,
                     resources: list[tuple[int, int] | None] | None = None,
                     pod: tuple[int, int] = (0, 0)) -> Ranking:
     """Every node of ``views`` the share fits, with the card and the fragmentation it adds
     (:func:`gpu_admission.placement.frag.rank`); ``rows`` index ``views``. Cards of
     different sizes: the pod's share is converted per node, so nodes are ranked one card
     size at a time and merged."""
-    typ = typical if typical is not None else TYPICALS.get()
+    typ = typical if typical is not None else placer.typical()
     if typical is not None:  # a caller's own shapes: arrays of its own (tests)
         nodes, ids = node_state(views, card_mib)
         del ids
         cache = FragCache.build(nodes, typ)
         rows_of = np.arange(len(views), dtype=np.int64)
     else:
-        nodes, cache, rows_of = REGISTRY.arrays(views, card_mib, typ, resources)
+        nodes, cache, rows_of = placer.registry.arrays(views, card_mib, typ, resources)
     position = np.full(len(nodes.names), -1, dtype=np.int64)
     position[rows_of] = np.arange(len(rows_of))
+    key = (share_mib, placement.memory_headroom_mib, pod, placer.registry.generation)
+    memo = placer.last
+    if (typical is None and placer.reuse and memo is not None and memo.key == key
+            and memo.typ is typ and len(memo.evaluated) == len(nodes.names)
+            and bool(memo.evaluated[rows_of].all())):
+        wanted = np.zeros(len(nodes.names), dtype=bool)
+        wanted[rows_of] = True
+        keep = wanted[memo.ranking.rows]
+        m = memo.ranking
+        return Ranking(position[m.rows[keep]], m.card[keep], m.delta[keep],
+                       m.gpu_left[keep], m.cpu_left[keep])
+    merged = _rank_rows(share_mib, card_mib, placement, typ=typ, nodes=nodes, cache=cache,
+                        rows_of=rows_of, pod=pod)
+    if typical is None:
+        evaluated = np.zeros(len(nodes.names), dtype=bool)
+        evaluated[rows_of] = True
+        placer.last = RankMemo(key, typ, evaluated, merged)
+    return Ranking(position[merged.rows], merged.card, merged.delta, merged.gpu_left,
+                   merged.cpu_left)
+
+
+def _rank_rows(share_mib: int, card_mib: list[int], placement: Placement, *, typ: Typical,
+               nodes: Nodes, cache: FragCache, rows_of: IntArray,
+               pod: tuple[int, int]) -> Ranking:
+    """:func:`rank` over ``rows_of`` one card size at a time, merged (rows: array rows)."""
     sizes = np.array(card_mib, dtype=np.int64)
     parts: list[Ranking] = []
     for size in np.unique(sizes).tolist():
@@ -272,21 +334,22 @@ def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
         return Ranking(empty, empty, np.zeros(0), empty, empty)
-    merged = parts[0] if len(parts) == 1 else Ranking(
+    return parts[0] if len(parts) == 1 else Ranking(
         *(np.concatenate([getattr(p, f) for p in parts])
           for f in ("rows", "card", "delta", "gpu_left", "cpu_left")))
-    return Ranking(position[merged.rows], merged.card, merged.delta, merged.gpu_left,
-                   merged.cpu_left)
 
 
 def options(view: NodeView, card_mib: int, share_mib: int, placement: Placement,
-            util: Mapping[str, float] | None = None, *,
+            util: Mapping[str, float] | None = None, *, placer: Placer | None = None,
             typical: Typical | None = None) -> list[Choice]:
     """The GPU of the node the pod fits best on (the card that adds the least
-    fragmentation, :func:`rank_fractional`), or nothing. ``util`` is accepted for callers
-    of the DCGM-based rule it replaced and not used: fragmentation decides the card."""
+    fragmentation, :func:`rank_fractional`), or nothing. ``placer``: the extender's (its
+    learned workload, the node's CPU/memory as the last filter saw them); None = a fresh
+    one (the prior workload, CPU and memory unknown). ``util`` is accepted for callers of
+    the DCGM-based rule it replaced and not used: fragmentation decides the card."""
     del util
-    r = rank_fractional(share_mib, [view], [card_mib], placement, typical)
+    r = rank_fractional(share_mib, [view], [card_mib], placement, typical,
+                        placer=placer if placer is not None else Placer())
     if len(r.rows) == 0:
         return []
     _, ids = node_state([view], [card_mib])
@@ -297,11 +360,13 @@ def options(view: NodeView, card_mib: int, share_mib: int, placement: Placement,
 
 
 def choose(view: NodeView, card_mib: int, share_mib: int, placement: Placement,
-           util: Mapping[str, float] | None = None, *,
+           util: Mapping[str, float] | None = None, *, placer: Placer | None = None,
            typical: Typical | None = None) -> Choice | None:
     """The GPU bind gives the pod on this node (the card the ranking chose there), or None
-    when nothing fits. ``typical``: the shapes to measure against (default: learned)."""
-    best = options(view, card_mib, share_mib, placement, util, typical=typical)
+    when nothing fits. ``typical``: the shapes to measure against (default: the placer's
+    learned ones); ``placer`` as in :func:`options`."""
+    best = options(view, card_mib, share_mib, placement, util, placer=placer,
+                   typical=typical)
     return best[0] if best else None
 
 
@@ -323,27 +388,21 @@ def no_fit_reason(view: NodeView, card_mib: int, share_mib: int, placement: Plac
 
 NOT_IN_POOL: Final = ("not in a fractional node pool (no spec.nodePools[] with sharing: "
                       "fractional whose nodeSelector matches the node's labels)")
-#: node name -> (its labels object, the policy, its fractional pool): one dict lookup and two
-#: identity checks per node and request instead of matching every selector
-_BY_NAME: dict[str, tuple[Mapping[str, str] | None, Policy, NodePool | None]] = {}
-
-
-def _pooled(names: list[str], views: Mapping[str, NodeView],
+def _pooled(placer: Placer, names: list[str], views: Mapping[str, NodeView],
             labels: Mapping[str, Mapping[str, str]], policy: Policy
             ) -> tuple[list[str], list[NodeView], list[int], dict[str, str]]:
     inside: list[str] = []
     pooled: list[NodeView] = []
     cards: list[int] = []
     outside: dict[str, str] = {}
-    cache = _BY_NAME
+    cache = placer.pool_cache
     for name in names:
         lab = labels.get(name)
         hit = cache.get(name)
         if hit is not None and hit[0] is lab and hit[1] is policy:
             pool = hit[2]
         else:
-            pool = node_pool(lab, policy)
-            cache[name] = (lab, policy, pool)
+            pool = placer.pool(name, lab, policy)
         if pool is None:
             outside[name] = NOT_IN_POOL
             continue
@@ -355,14 +414,15 @@ def _pooled(names: list[str], views: Mapping[str, NodeView],
 
 def filter_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
                       labels: Mapping[str, Mapping[str, str]], policy: Policy, *,
+                      placer: Placer,
                       resources: Mapping[str, tuple[int, int] | None] | None = None,
                       pod: tuple[int, int] = (0, 0)) -> FilterResult:
     """Nodes where some GPU fits (open or to open); the others with a reason. Every node
     that fits passes: the ranking is prioritize's (scores spread so the best alone gets
     10; docs/extender.md, Resolution)."""
     placement = policy.spec.placement
-    inside, pooled, cards, failed = _pooled(names, views, labels, policy)
-    r = rank_fractional(share_mib, pooled, cards, placement, pod=pod,
+    inside, pooled, cards, failed = _pooled(placer, names, views, labels, policy)
+    r = rank_fractional(share_mib, pooled, cards, placement, placer=placer, pod=pod,
                         resources=None if resources is None else
                         [resources.get(n) for n in inside])
     fit = {inside[int(i)] for i in r.rows}
@@ -391,22 +451,19 @@ MAX_EXTENDER: Final = 10
 
 def score_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
                      labels: Mapping[str, Mapping[str, str]], policy: Policy, *,
+                     placer: Placer,
                      snapshot: Snapshot | None,
                      resources: Mapping[str, tuple[int, int] | None] | None = None,
                      pod: tuple[int, int] = (0, 0)) -> list[tuple[str, int]]:
     """(node, 0..10) in request order: :func:`spread` of the ranking; 0 where nothing fits.
     ``snapshot`` (DCGM) no longer changes the order: fragmentation decides."""
     del snapshot
-    inside, pooled, cards, _ = _pooled(names, views, labels, policy)
-    r = rank_fractional(share_mib, pooled, cards, policy.spec.placement, pod=pod,
+    inside, pooled, cards, _ = _pooled(placer, names, views, labels, policy)
+    r = rank_fractional(share_mib, pooled, cards, policy.spec.placement, placer=placer,
+                        pod=pod,
                         resources=None if resources is None else
                         [resources.get(n) for n in inside])
     by_row = spread(r)
     scores = {inside[row]: s for row, s in by_row.items()}
     return [(name, scores.get(name, 0)) for name in names]
 
-
-def observe(share_mib: int, card_mib: int, pod: tuple[int, int] = (0, 0)) -> None:
-    """Count a fractional pod in the learned workload: its share as milli-GPU of its pool's
-    card, its (milli-CPU, MiB) requests."""
-    LEARNED.observe(Shape(pod[0], pod[1], min(MILLI, need_milli(share_mib, card_mib)), 1))

@@ -23,10 +23,13 @@ Placements:
   Random: ``RandomScore`` + ``gpusel random``);
 * ``bestfit``: the paper's BestFit (``best_fit_score.go``): score
   ``int(100 * (1 - (0.5 * cpu_left / 128000 + 0.5 * gpu_left / 8000)))``, min-max normalised
-  to 0..100 in integers, ties at random (kube-scheduler's ``selectHost``), the tightest card;
+  to 0..100 in integers, ties to the node whose name sorts first (the simulator's
+  ``selectHost``, :func:`_pick_max_first_name`), the tightest card;
 * ``fgd``: FGD (``fgd_score.go``) against the typical pods of the input (known in advance,
-  CPU only): ``int(100 * sigmoid((frag_before - frag_after) / 1000))`` per node, the card
-  with the highest, ties at random;
+  keyed as the simulator keys them: :func:`fgd_key`, CPU pods included):
+  ``int(100 * sigmoid((frag_before - frag_after) / 1000))`` per node, the card with the
+  highest; equal scores go to the node whose name sorts first (the simulator's vendored
+  ``selectHost``, :func:`_pick_max_first_name`: not random);
 * ``shipped``: what the install runs (:mod:`gpu_admission.placement.frag` with the learned
   workload and the measure counting memory): the extender's filter keeps only the nodes tied
   at the top of its ranking, kube-scheduler picks among them (at random: they are equal for
@@ -172,7 +175,18 @@ def _pick_max(scores: np.ndarray[Any, Any], rng: np.random.Generator) -> int:
     return int(top[rng.integers(0, len(top))]) if len(top) > 1 else int(top[0])
 
 
+def _pick_max_first_name(scores: np.ndarray[Any, Any], names: Sequence[str]) -> int:
+    """The simulator's own tie rule: among the highest scores, the node whose name sorts
+    first. Its vendored kube-scheduler replaced ``selectHost``'s reservoir sampling with "for
+    reproducibility, choose the smallest lexicographical order if the score remains the same"
+    (``vendor/k8s.io/kubernetes/pkg/scheduler/core/generic_scheduler.go``). ``names``: the
+    candidates' names, in the order of ``scores``."""
+    top = np.flatnonzero(scores == scores.max())
+    return int(min(top.tolist(), key=lambda i: names[i]))
+
+
 def bestfit_policy(rng: np.random.Generator) -> Policy:
+    del rng  # equal scores go by node name (the simulator's selectHost), nothing is drawn
     def decide(cluster: Cluster, pod: Shape) -> Decision:
         n = cluster.nodes
         ok, _ = fits(n, pod)
@@ -184,7 +198,7 @@ def bestfit_policy(rng: np.random.Generator) -> Policy:
         raw = ((1.0 - (cpu_left + gpu_left)) * 100).astype(np.int64)  # Go int64(): truncate
         lo, hi = raw.min(), raw.max()
         norm = (raw - lo) * 100 // (hi - lo) if hi > lo else np.zeros_like(raw)
-        row = int(cand[_pick_max(norm, rng)])
+        row = int(cand[_pick_max_first_name(norm, [n.names[int(c)] for c in cand])])
         return Decision(row, _tightest_card(n, row, pod))
     return decide
 
@@ -211,7 +225,7 @@ class Fgd:
         if len(r.rows) == 0:
             return Decision(-1, -1)
         score = (_sigmoid(-r.delta / 1000) * 100).astype(np.int64)
-        i = _pick_max(score, self.rng)
+        i = _pick_max_first_name(score, [n.names[int(row)] for row in r.rows])
         return Decision(int(r.rows[i]), int(r.card[i]))
 
     def placed(self, cluster: Cluster, row: int) -> None:
@@ -301,6 +315,20 @@ def gpu_aware_profile(cluster: Cluster, pod: Shape, rng: np.random.Generator) ->
     return Decision(int(cand[_pick_max(score, rng)]), -1)
 
 
+DEFAULT_MILLI_CPU: Final = 100  # kube-scheduler's non-zero CPU request (milli-CPU)
+
+
+def fgd_key(shape: Shape) -> Shape:
+    """A pod as FGD's typical-pod histogram counts it: ``simontype.PodResource`` is (milli-CPU,
+    milli-GPU per card, cards, GPU model) with no memory (``pkg/type/resource.go``), and
+    ``utils.GetPodResource`` takes the CPU through ``GetNonzeroRequests`` (0 -> 100m). So pods
+    differing only in memory are one typical shape, and the 95 % coverage cut is made over
+    those merged counts (``GetTypicalPods``, ``podPopularityThreshold: 95``,
+    ``podIncreaseStep: 1``, ``isInvolvedCpuPods: true`` in ``generate_config_and_run.py``)."""
+    return Shape(shape.cpu_milli or DEFAULT_MILLI_CPU, 0, shape.gpu_milli, shape.gpus,
+                 shape.models)
+
+
 def make_policy(name: str, seed: int, pods: Sequence[PodSpec]) -> Policy:
     rng = np.random.Generator(np.random.PCG64(seed + 1_000_003))
     if name == "random":
@@ -308,7 +336,7 @@ def make_policy(name: str, seed: int, pods: Sequence[PodSpec]) -> Policy:
     if name == "bestfit":
         return bestfit_policy(rng)
     if name == "fgd":
-        return Fgd(rng, [p.shape for p in pods])
+        return Fgd(rng, [fgd_key(p.shape) for p in pods])
     if name == "shipped":
         return Shipped(rng)
     if name == "shipped-cpu-default":

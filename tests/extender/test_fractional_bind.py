@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from gpu_admission.extender.app import STATE
-from gpu_admission.placement import fractional
 from gpu_admission.placement.frag import Nodes, Shape, rank
 from gpu_admission.vocab import (
     CONFIGMAP_LABEL,
@@ -406,7 +405,8 @@ async def test_filter_prioritize_bind_agree_with_simulate(tmp_path: Path) -> Non
         assert (await s.post("filter", args_with_names(small, names)))["NodeNames"] == names
         scores = {h["Host"]: h["Score"] for h in
                   await s.post("prioritize", args_with_names(small, names))}
-        typical = fractional.TYPICALS.get()  # the shapes the extender measured against
+        # the shapes the extender measured against (its own placer)
+        typical = s.extenders[-1][0].app[STATE].placer.typical()
         # the simulator's state: cards in milli-GPU, open GPUs first, then GPUs to open
         used = {"n1": [60000], "n2": [20000], "n3": [40000]}
         free_whole = {"n1": 1, "n2": 1, "n3": 0}

@@ -1,0 +1,110 @@
+"""Issue 32: the fractional ranking keeps no process-wide state (project rule: state passed
+explicitly). What it learns lives in a :class:`Placer` its owner holds (one per extender
+app, one per benchmark or test)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpu_admission.placement import fractional
+from gpu_admission.placement.fractional import (
+    Placer,
+    Registry,
+    filter_fractional,
+    score_fractional,
+)
+from gpu_admission.placement.frag import Workload
+from gpu_admission.placement.ledger import Assignment, Ledger
+from gpu_admission.policy.model import Policy, policy_from_dict
+from tests.extender.fractional_support import NAMESPACE, POOL_LABEL, frac_node
+
+CARD = 81920  # MiB
+
+
+def policy() -> Policy:
+    return policy_from_dict({"apiVersion": "gpu-admission.io/v1alpha1",
+                             "kind": "GPUSharingPolicy", "spec": {"nodePools": [{
+                                 "name": "frac", "nodeSelector": {POOL_LABEL: "frac"},
+                                 "sharing": "fractional", "memoryMiB": CARD}]}})
+
+
+def test_the_module_holds_no_mutable_state() -> None:
+    """No dict, list, set, workload or node registry at module level: a second extender in
+    the same process (tests, the simulator) cannot see the first one's."""
+    mutable = (dict, list, set, Workload, Registry, Placer)
+    found = [name for name, value in vars(fractional).items()
+             if isinstance(value, mutable) and not name.startswith("__")]
+    assert found == []
+
+
+def test_what_one_placer_learns_stays_in_it() -> None:
+    a, b = Placer(), Placer()
+    before = b.typical()
+    for _ in range(600):  # past two refreshes
+        a.observe(60000, CARD, (2000, 4096))
+    learned, fresh = a.typical(), b.typical()
+    assert fresh is before  # b saw nothing: its shapes were never re-read
+    assert learned.weight.max() > fresh.weight.max()  # one shape dominates a's workload
+    assert np.array_equal(fresh.milli, Placer().typical().milli)  # b is still the prior
+
+
+def test_pool_lookup_follows_a_replaced_labels_object() -> None:
+    """The pool cache is per placer and keyed by node name with the labels object's
+    identity: the watch replaces the object when labels change, and the lookup follows."""
+    placer, pol = Placer(), policy()
+    inside = {POOL_LABEL: "frac"}
+    assert placer.pool("n1", inside, pol) is not None
+    assert placer.pool("n1", {POOL_LABEL: "other"}, pol) is None
+    assert placer.pool("n1", inside, pol) is not None
+
+
+def test_two_placers_rank_the_same_state_alike_until_one_learns() -> None:
+    """Filter and prioritize through a placer: same answer from two fresh placers (the
+    prior), and each keeps its own node arrays."""
+    ledger = Ledger(NAMESPACE)
+    nodes = [frac_node(f"n{i}", gpus=2) for i in range(3)]
+    ledger.replace_nodes(nodes)
+    names = [n["metadata"]["name"] for n in nodes]
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
+    views = {n: ledger.view(n) for n in names}
+    pol = policy()
+    a, b = Placer(), Placer()
+    fa = filter_fractional(16384, names, views, labels, pol, placer=a)
+    fb = filter_fractional(16384, names, views, labels, pol, placer=b)
+    assert fa.passed == fb.passed == names
+    sa = score_fractional(16384, names, views, labels, pol, placer=a, snapshot=None)
+    sb = score_fractional(16384, names, views, labels, pol, placer=b, snapshot=None)
+    assert sa == sb
+    assert a.registry.nodes is not None and b.registry.nodes is not None
+    assert a.registry.nodes is not b.registry.nodes
+
+
+def test_prioritize_after_filter_reuses_the_ranking_and_a_change_invalidates_it() -> None:
+    """The second ranking of the same pod on unchanged arrays is the first one's (no
+    recomputation: same arrays, the memo kept), equal to a placer that never reuses; once a
+    node changes (a share assumed on it), the ranking is computed again and differs."""
+    ledger = Ledger(NAMESPACE)
+    nodes = [frac_node(f"n{i}", gpus=2) for i in range(4)]
+    ledger.replace_nodes(nodes)
+    names = [n["metadata"]["name"] for n in nodes]
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
+    pol = policy()
+    reuse, fresh = Placer(), Placer(reuse=False)
+
+    def scores(placer: Placer, subset: list[str]) -> list[tuple[str, int]]:
+        views = {n: ledger.view(n) for n in subset}
+        return score_fractional(30000, subset, views, labels, pol, placer=placer,
+                                snapshot=None, resources=dict.fromkeys(subset, (64000, 262144)))
+
+    views = {n: ledger.view(n) for n in names}
+    filter_fractional(30000, names, views, labels, pol, placer=reuse,
+                      resources=dict.fromkeys(names, (64000, 262144)))
+    memo = reuse.last
+    assert memo is not None
+    subset = names[1:]
+    assert scores(reuse, subset) == scores(fresh, subset)
+    assert reuse.last is memo  # reused, not recomputed
+    ledger.assume(Assignment("t", "p", "u", "n2", ledger.open_gpu("r", "n2"), 30000))
+    after = scores(reuse, subset)
+    assert reuse.last is not memo
+    assert after == scores(fresh, subset)
