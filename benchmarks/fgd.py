@@ -11,6 +11,7 @@ and max over the seeds at 100 % and 130 % of arrived demand, and decision p50/p9
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -19,7 +20,9 @@ from pathlib import Path
 from gpu_admission.simulate.core import at, simulate
 from gpu_admission.simulate.trace import openb_nodes, openb_pods
 
-DATA = Path("/work/shared/data/openb")
+#: the trace beside the repository (shared/data/openb), or where GPU_ADMISSION_OPENB points
+DATA = Path(os.environ.get("GPU_ADMISSION_OPENB")
+            or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "openb")
 PAPER_NAMES = {"random": "Random", "bestfit": "BestFit", "fgd": "FGD"}
 
 

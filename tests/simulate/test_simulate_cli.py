@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-DATA = Path("/work/shared/data/openb")
+ROOT = Path(__file__).resolve().parents[2]
+#: the trace ships beside the repository (shared/data/openb, README there), not in it
+DATA = next((d for d in (ROOT.parent / "shared" / "data" / "openb",
+                         Path("/work/shared/data/openb")) if d.exists()),
+            ROOT.parent / "shared" / "data" / "openb")
 NODES = DATA / "openb_node_list_gpu_node.csv"
 DEFAULT = DATA / "openb_pod_list_default.csv"
 PAPER = DATA / "published-fgd-atc23.tsv"
