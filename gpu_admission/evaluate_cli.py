@@ -40,10 +40,11 @@ admission policies ``gpu-admission compile`` emits (``gpu_admission.compile.offl
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 import orjson
@@ -55,7 +56,7 @@ from gpu_admission.dra.model import DraSourceError
 from gpu_admission.dra.offline import OfflineDra, is_compute_domain, is_dra_object
 from gpu_admission.engine import evaluate as evaluate_pod
 from gpu_admission.manifests import InputError, expand_paths, read_documents
-from gpu_admission.nodepools import node_view
+from gpu_admission.nodepools import ASSUMED_POOLS, node_view
 from gpu_admission.patch import apply_ops
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.rules.gpu_access import EPHEMERAL_SUBRESOURCE
@@ -75,6 +76,10 @@ class _NoAliasDumper(yaml.SafeDumper):
     def ignore_aliases(self, data: Any) -> bool:
         return True
 
+
+#: what a GPU pod decided by the compiled admission policies was placed against: the CEL
+#: sees no Node, so the policy's declared pools (the engine says the same when it sees none)
+COMPILED_PLACEMENT: Final = "compiled admission policies see no nodes: " + ASSUMED_POOLS
 
 def offline_uid(name: str, index: int, pointer: str) -> str:
     """The request UID an offline evaluation uses (the API server sends a random UUID):
@@ -311,6 +316,8 @@ def evaluate(*, filenames: tuple[str, ...], recursive: bool, policy_path: Path |
                                  **request)
             if compiled_policy is not None and not dra.is_claim(tpl):
                 decision = compiled_policy.decide(tpl.pod, facts, dra.snapshot_for(tpl))
+                if decision.gpu and not decision.exempt:  # the CEL sees no Node (docs/compile.md)
+                    decision = dataclasses.replace(decision, placement=COMPILED_PLACEMENT)
             else:
                 decision = (dra.decide(tpl, facts, policy) if dra.is_claim(tpl)
                             else evaluate_pod(tpl.pod, facts, policy, dra.snapshot_for(tpl),

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import yaml
 
@@ -271,13 +271,45 @@ def _image_rule(rule: ImageRow, m: str) -> str:
     if rule.digests:
         which.append(f'({dig} != "" && {dig} in {lit(list(rule.digests))})')
     if rule.glob is not None:
-        which.append(f'({tag} != "" && {tag}.matches({lit(glob_to_re2(rule.glob))}))')
+        which.append(f'({tag} != "" && {tag}.matches({lit(_tags_re2(rule.glob))}))')
     return f"{where} && ({' || '.join(which)})"
+
+
+#: joins the tag globs of consecutive rows merged by :func:`_merged` (not a glob character)
+GLOB_JOIN: Final = "\n"
+
+
+def _tags_re2(globs: str) -> str:
+    """One anchored RE2 pattern for one glob, or for several joined by :data:`GLOB_JOIN`
+    (any of them)."""
+    parts = [glob_to_re2(glob) for glob in globs.split(GLOB_JOIN)]
+    if len(parts) == 1:
+        return parts[0]
+    return "^(?:" + "|".join(part[1:-1] for part in parts) + ")$"  # each is ^...$
+
+
+def _merged(rules: Sequence[ImageRow]) -> list[ImageRow]:
+    """Consecutive rows for the same repository and CUDA version that differ only in their
+    tag glob, as one row whose tags match any of the globs: the same first match wins (no
+    row lies between them), one repository test and one ``matches()`` instead of one per
+    row, for every GPU container (the CEL cost budget, docs/compile.md)."""
+    out: list[ImageRow] = []
+    for rule in rules:
+        last = out[-1] if out else None
+        if (last is not None and rule.glob is not None and last.glob is not None
+                and not rule.digests and not last.digests
+                and (last.registry, last.repository, last.cuda_version)
+                == (rule.registry, rule.repository, rule.cuda_version)):
+            out[-1] = ImageRow(last.registry, last.repository,
+                               last.glob + GLOB_JOIN + rule.glob, (), last.cuda_version)
+        else:
+            out.append(rule)
+    return out
 
 
 def _table_lookup(rules: Sequence[ImageRow], m: str) -> str:
     out = '""'
-    for rule in reversed(rules):
+    for rule in reversed(_merged(rules)):
         out = f"({_image_rule(rule, m)})\n    ? {lit(rule.cuda_version)}\n    : {out}"
     return out
 

@@ -70,9 +70,8 @@ FRACTION_VARS: Final = frozenset({"GPU_MEMORY_FRACTION", "XLA_CLIENT_MEM_FRACTIO
                                   "XLA_PYTHON_CLIENT_MEM_FRACTION"})
 
 #: How a pod that needs more than a share gets it (issue 33: a denial names the way out).
-WAY_OUT: Final = ("lower it or drop it to take the cap, or run on a dedicated GPU: "
-                  "nodeSelector nvidia.com/gpu.sharing-strategy: none (GFD), or a "
-                  "spec.nodePools pool with sharing: none that the pod selects")
+WAY_OUT: Final = ("lower or drop it, or select a dedicated GPU (nodeSelector "
+                  "nvidia.com/gpu.sharing-strategy: none, or a sharing: none pool)")
 _HAMI_PER_DEVICE = re.compile(r"^CUDA_DEVICE_MEMORY_LIMIT_[0-9]+$")
 # "<dev>=<size>" with size like 4096M, 4G, 512MB, 1GiB (binary units; bare number = MiB).
 _MPS_ENTRY = re.compile(r"^\s*(\d+)\s*=\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import Any, cast
 
 import celpy
@@ -51,7 +52,8 @@ def test_serving_rows_are_the_engines_serving_rules() -> None:
         (r.registry, r.repository, r.cuda_version) for r in rules]
     for row, rule in zip(rows, rules, strict=True):
         assert row.glob is not None and rule.tags is not None
-        assert rule.tags.match(row.glob.replace("*", "x").replace("?", "y")) is not None
+        sample = re.sub(r"\[([^]!])[^]]*\]", r"\1", row.glob)  # [4-9] -> 4
+        assert rule.tags.match(sample.replace("*", "x").replace("?", "y")) is not None
 
 
 @pytest.mark.parametrize(("expression", "expected"), [

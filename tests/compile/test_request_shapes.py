@@ -345,5 +345,8 @@ def test_issue_table_through_evaluate_compiled(tmp_path: Path) -> None:
     compiled = CliRunner().invoke(main, [*args, "--compiled"])
     assert "resulted in error" not in compiled.output and "no such" not in compiled.output
     got = [json.loads(line) for line in compiled.stdout.splitlines()]
-    assert got == [json.loads(line) for line in engine.stdout.splitlines()]
+    want = [json.loads(line) for line in engine.stdout.splitlines()]
+    for row in (*got, *want):  # each face's own word on the pools it assumed (issue 33)
+        row.pop("placement")
+    assert got == want
     assert [d["allowed"] for d in got] == [True, True, False, False, True]

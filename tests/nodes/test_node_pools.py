@@ -115,8 +115,8 @@ def test_denial_on_a_shared_pool_names_the_way_out() -> None:
     assert violation.rule == "memory-limit"
     assert violation.message.startswith(
         f"XLA_PYTHON_CLIENT_MEM_FRACTION='0.9' exceeds the GPU memory allowed on a shared GPU "
-        f"(pool {T4_POOL}): must be <= 0.1; lower it or drop it to take the cap, or run on a "
-        "dedicated GPU: nodeSelector nvidia.com/gpu.sharing-strategy: none")
+        f"(pool {T4_POOL}): must be <= 0.1; lower or drop it, or select a dedicated GPU "
+        "(nodeSelector nvidia.com/gpu.sharing-strategy: none, or a sharing: none pool)")
 
 
 def test_declared_pool_overrides_the_labels() -> None:

@@ -182,7 +182,7 @@ async def test_webhook_without_a_node_watch_assumes_the_policy(tmp_path: Path) -
     async with serving(tmp_path) as server:
         response, _ = await decide(server, jax_pod())
         assert response["allowed"] is False  # as today: the default cap 0.2 < 0.9
-        assert "run on a dedicated GPU" in response["status"]["message"]
+        assert "select a dedicated GPU" in response["status"]["message"]
 
 
 async def test_decision_log_says_which_pool_or_what_was_assumed(tmp_path: Path) -> None:

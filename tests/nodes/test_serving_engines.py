@@ -126,7 +126,7 @@ def test_higher_engine_setting_is_denied_naming_the_way_out(obj: dict[str, Any],
     assert (violation.rule, violation.path) == ("memory-limit", path)
     assert violation.message.startswith(
         f"{start} exceeds the GPU memory allowed on a shared GPU "
-        "(pool gfd-tesla-t4-shared-time-slicing-x10): must be <= 0.1; lower it or drop it")
+        "(pool gfd-tesla-t4-shared-time-slicing-x10): must be <= 0.1; lower or drop it")
 
 
 def test_tgi_env_var_above_the_share_is_denied() -> None:
