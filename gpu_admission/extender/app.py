@@ -50,7 +50,6 @@ from gpu_admission.extender.gpustate import (
     PollError,
 )
 from gpu_admission.kube.client import api_client
-from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
 from gpu_admission.placement.fractional import (
     Placer,
     filter_fractional,
@@ -189,7 +188,6 @@ class ExtenderState:
     binder: Binder | None = None
     #: CPU and memory requested per node (fragmentation ranking), from its own pods watch
     requests: NodeRequests | None = None
-    requests_watcher: Watcher | None = None
     #: the fractional ranking's learned workload and arrays (filter, prioritize and the
     #: binder share this one object: :class:`Placer`)
     placer: Placer = field(default_factory=Placer)
@@ -545,8 +543,6 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     state.tasks.append(asyncio.create_task(state.poller.run(), name="poll-prometheus"))
     if state.kube is not None and state.binder is not None:
         state.kube.watcher.start()
-        if state.requests_watcher is not None:
-            state.requests_watcher.start()
         state.tasks.append(asyncio.create_task(state.binder.housekeeping(),
                                                name="gpu-housekeeping"))
     if cfg.policy_path is not None:
@@ -564,8 +560,6 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     finally:
         state.started = False
         await cancel_tasks(state.tasks)
-        if state.requests_watcher is not None:
-            await state.requests_watcher.stop()
         if state.kube is not None:
             await state.kube.watcher.stop()
             await asyncio.to_thread(state.kube.client.close)
@@ -596,19 +590,7 @@ def create_app(config: ExtenderConfig, *,
                                placer=placer)
         state.kube = kube_state
         state.binder = Binder(kube_state)
-        requests = state.requests = NodeRequests()
-        m = kube_state.metrics
-
-        def on_event(_resource: str, kind: str, obj: dict[str, Any]) -> None:
-            (requests.remove_pod if kind == "DELETED" else requests.set_pod)(obj)
-
-        # bound pods only; CPU and memory per node for the fragmentation ranking
-        state.requests_watcher = Watcher(
-            kube_state.client, (Resource("node-requests", "pods",
-                                         field_selector="spec.nodeName!="),),
-            on_replace=lambda _resource, items: requests.replace(items), on_event=on_event,
-            metrics=WatchMetrics(m.events, m.lists, m.errors), log=log,
-            event_prefix="requests", watch_timeout_seconds=config.watch_timeout_seconds)
+        state.requests = kube_state.requests
     app = web.Application(client_max_size=config.max_body_bytes)
     app[STATE] = state
     app.router.add_post(config.route("filter"), filter_handler)

@@ -70,6 +70,7 @@ from gpu_admission.placement.ledger import (
     configmap_entry,
     parse_mib,
 )
+from gpu_admission.placement.requests import NodeRequests
 from gpu_admission.policy.model import Policy
 from gpu_admission.vocab import (
     CONFIGMAP_LABEL,
@@ -293,6 +294,9 @@ class KubeState:
     #: pod UID -> facts of fractional pods not bound yet (filter/prioritize and the watch
     #: add; binding, deletion or a terminal phase drop)
     pending: dict[str, PodFacts] = field(default_factory=dict)
+    #: CPU and memory requested per node, for the fragmentation ranking: fed from the same
+    #: pod list/watch as the ledger (one watch of pods, not two)
+    requests: NodeRequests = field(default_factory=NodeRequests)
     #: the extender's fractional ranking state (its learned workload): bind takes the card
     #: the ranking filter and prioritize used
     placer: Placer = field(default_factory=Placer)
@@ -337,6 +341,7 @@ class KubeState:
         if resource == "pods":
             self.ledger.replace_pods(items)
             self.pending.clear()
+            self.requests.replace(items)
             for item in items:
                 self._reservation_seen(item)
                 self._pending(item, False)
@@ -354,8 +359,10 @@ class KubeState:
         if resource == "pods":
             if deleted:
                 self.ledger.remove_pod(obj)
+                self.requests.remove_pod(obj)
             else:
                 self.ledger.set_pod(obj)
+                self.requests.set_pod(obj)
                 self._reservation_seen(obj)
             self._pending(obj, deleted)
         elif resource == "configmaps":

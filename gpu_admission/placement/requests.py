@@ -1,6 +1,7 @@
 """CPU and memory requested on each node by the pods bound there: what the fragmentation
 ranking needs beside the GPU ledger (a node whose CPU or memory is gone strands its GPUs).
-PURE accounting, fed by a watch of pods (the extender's face owns the watch).
+PURE accounting, fed by the extender's one list/watch of pods (``KubeState``, beside the
+ledger).
 
 A pod counts from the moment it is bound (``spec.nodeName``) until it terminates (phase
 ``Succeeded``/``Failed``) or is deleted, with Kubernetes' effective request: max(sum over app
@@ -15,9 +16,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_admission.placement.ledger import TERMINATED
 from gpu_admission.quantity import quantity_value
 
-TERMINATED = frozenset({"Succeeded", "Failed"})
 MIB = 1024 * 1024
 
 
