@@ -20,7 +20,8 @@ from typing import Any, Final, TypeVar
 
 import click
 
-IN_CLUSTER: Final = "in-cluster"  # gpu_admission.kube.client.IN_CLUSTER
+from gpu_admission.vocab import IN_CLUSTER
+
 KUBECONFIG_ENV: Final = "KUBECONFIG"
 DEFAULT_KUBECONFIG: Final = Path("~/.kube/config")
 IN_POD_ENV: Final = "KUBERNETES_SERVICE_HOST"  # set by the kubelet in every container

@@ -57,7 +57,8 @@ from gpu_admission.certs import (
     not_after,
     service_dns_names,
 )
-from gpu_admission.cli_options import IN_CLUSTER, NoClusterError, resolve_kubeconfig
+from gpu_admission.cli_options import NoClusterError, resolve_kubeconfig
+from gpu_admission.vocab import IN_CLUSTER
 
 TLS_SECRET_TYPE = "kubernetes.io/tls"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpu-admission-install-certs"}

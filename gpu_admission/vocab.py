@@ -54,3 +54,7 @@ SHARED_PRODUCT_SUFFIX: Final = "-SHARED"
 SHARED_STRATEGIES: Final = ("time-slicing", "mps")
 
 DEFAULT_SCHEDULER: Final = "default-scheduler"
+
+#: ``--kubeconfig in-cluster``: the pod's ServiceAccount instead of a kubeconfig file (one
+#: spelling for the CLI, which must not import ``kubernetes`` to parse it, and the client)
+IN_CLUSTER: Final = "in-cluster"

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpu_admission.certs import write_bundle
-from gpu_admission.cli_options import IN_CLUSTER, NoClusterError, resolve_kubeconfig
-from gpu_admission.kube.client import IN_CLUSTER as KUBE_IN_CLUSTER
+from gpu_admission.cli_options import NoClusterError, resolve_kubeconfig
 from tests.server_support import new_bundle
 
 DATA = Path(__file__).parent / "data"
@@ -140,10 +139,6 @@ def test_help_summaries_are_not_cut(group: list[str]) -> None:
 
 
 # --- where the cluster comes from --------------------------------------------------------
-
-def test_in_cluster_is_the_kube_clients_spelling() -> None:
-    assert IN_CLUSTER == KUBE_IN_CLUSTER
-
 
 @pytest.mark.parametrize(("value", "env", "home_config", "want"), [
     pytest.param("given.yaml", {"KUBECONFIG": "env.yaml"}, True, "given.yaml", id="flag"),

@@ -21,7 +21,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
 
-IN_CLUSTER: Final = "in-cluster"
+from gpu_admission.vocab import IN_CLUSTER
+
 HTTP_NOT_FOUND: Final = 404
 HTTP_CONFLICT: Final = 409
 HTTP_GONE: Final = 410

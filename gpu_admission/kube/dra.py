@@ -27,6 +27,7 @@ from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from structlog.typing import FilteringBoundLogger
 
+from gpu_admission import vocab
 from gpu_admission.dra.model import (
     DraSnapshot,
     DraSourceError,
@@ -37,7 +38,7 @@ from gpu_admission.dra.model import (
 from gpu_admission.kube import client as kube
 from gpu_admission.kube.watch import NOT_SERVED_RETRY_SECONDS, Resource, Watcher, WatchMetrics
 
-IN_CLUSTER: Final = kube.IN_CLUSTER
+IN_CLUSTER: Final = vocab.IN_CLUSTER
 DRA_GROUP: Final = "resource.k8s.io"
 #: resource.k8s.io versions, preferred first: v1 (GA, Kubernetes 1.34), v1beta2 (1.33),
 #: v1beta1 (1.32). https://kubernetes.io/docs/concepts/scheduling-eviction/dynamic-resource-allocation/

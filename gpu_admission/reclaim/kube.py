@@ -23,6 +23,7 @@ import orjson
 import urllib3
 from kubernetes import client as k8s
 
+from gpu_admission import vocab
 from gpu_admission.kube import client as kube_client
 from gpu_admission.prom import connection_reason
 from gpu_admission.reclaim.names import (
@@ -34,7 +35,7 @@ from gpu_admission.reclaim.names import (
 from gpu_admission.reclaim.plan import Cluster, Owner
 from gpu_admission.timeframe import iso
 
-IN_CLUSTER: Final = kube_client.IN_CLUSTER
+IN_CLUSTER: Final = vocab.IN_CLUSTER
 MERGE_PATCH: Final = kube_client.MERGE_PATCH
 HTTP_NOT_FOUND: Final = kube_client.HTTP_NOT_FOUND
 HTTP_CONFLICT: Final = kube_client.HTTP_CONFLICT
