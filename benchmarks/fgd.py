@@ -34,20 +34,34 @@ def paper() -> dict[tuple[str, str], tuple[float, float]]:
     return out
 
 
-def extender_latency(pods: int = 2000, *, reuse: bool = True) -> None:
-    """filter + prioritize of one fractional pod over the 1,213 openb nodes, as the extender
-    runs them (the ledger's views, each node's free CPU/memory from :class:`NodeRequests`,
-    :func:`filter_fractional`, :func:`score_fractional`), with the ledger and the requests
-    filled by binds between requests (each bind changes one node). One core, this process;
-    ms. Timed: everything after the views (the ledger's own ``view`` is issue 36's code)."""
+def extender_latency(pods: int = 2000, *, mode: str = "ledger") -> None:
+    """filter + prioritize of one pod over the 1,213 openb nodes, as the extender runs them,
+    with the ledger and the requests filled by binds between requests (each bind changes one
+    node). One core, this process; ms. Pods: 60 % fractional (share, CPU, memory), 20 %
+    whole-GPU (1, 2, 4 or 8 cards), 20 % CPU. ``mode``:
+
+    * ``ledger``: what the extender does now (``app.decide_fractional`` / ``decide_ranked``):
+      the placer reads the nodes from the watch (:class:`LedgerSource`), re-reading only the
+      rows the ledger and the requests say changed; timed from the node names to the
+      answer's (node, score) list;
+    * ``dicts``: the previous handler's shape for fractional pods: per request a dict of
+      views, of labels and of each node's free CPU/memory over every name, then
+      :func:`filter_fractional` / :func:`score_fractional` (their rows re-checked per name);
+      timed from after the views (as the figures of the previous round)."""
     import numpy as np  # noqa: PLC0415 (only this mode)
 
     from gpu_admission.placement.fractional import (  # noqa: PLC0415
+        LedgerSource,
         Placer,
         choose,
         filter_fractional,
+        filter_share,
+        priorities,
+        prioritize_pod,
+        rank_share,
         score_fractional,
     )
+    from gpu_admission.placement.frag import MILLI, Shape  # noqa: PLC0415
     from gpu_admission.placement.ledger import Assignment, Ledger  # noqa: PLC0415
     from gpu_admission.placement.requests import NodeRequests  # noqa: PLC0415
     from gpu_admission.policy.model import policy_from_dict  # noqa: PLC0415
@@ -68,47 +82,82 @@ def extender_latency(pods: int = 2000, *, reuse: bool = True) -> None:
                                                         "cpu": f"{n.cpu_milli}m",
                                                         "memory": f"{n.mem_mib}Mi"}}}
         ledger.set_node(node_objs[n.name])
-        labels[n.name] = {"pool": "frac"}
+        labels[n.name] = node_objs[n.name]["metadata"]["labels"]
     names = [n.name for n in specs]
+    source = LedgerSource(ledger, node_objs, requests)
     rng = np.random.default_rng(42)
     shares = [4096, 8192, 12288, 16384, 24576, 40960]
-    times = []
-    placer = Placer(reuse=reuse)  # the extender's (create_app makes one per app)
+    times: dict[str, list[float]] = {"fractional": [], "whole": [], "cpu": []}
+    placer = Placer()  # the extender's (create_app makes one per app)
     for i in range(pods):
+        kind = str(rng.choice(["fractional"] * 3 + ["whole", "cpu"]))
+        if mode == "dicts" and kind != "fractional":
+            continue
         share = int(rng.choice(shares))
+        gpus = int(rng.choice([1, 1, 2, 4, 8]))
         pod = (int(rng.choice([2000, 4000, 8000])), int(rng.choice([8192, 16384, 32768])))
-        views = {name: ledger.view(name) for name in names}
-        t0 = time.perf_counter()
-        # as the extender does per call: each node's allocatable minus its pods' requests
-        resources = {name: requests.free(node_objs[name]) for name in names}
-        placer.observe(share, card, pod)
-        passed = filter_fractional(share, names, views, labels, policy, placer=placer,
-                                   resources=resources, pod=pod).passed
-        scores = score_fractional(share, passed, views, labels, policy, placer=placer,
-                                  snapshot=None, resources=resources, pod=pod)
-        times.append(time.perf_counter() - t0)
+        best = ""
+        if mode == "dicts":
+            views = {name: ledger.view(name) for name in names}
+            t0 = time.perf_counter()
+            resources = {name: requests.free(node_objs[name]) for name in names}
+            placer.observe(share, card, pod)
+            passed = filter_fractional(share, names, views, labels, policy, placer=placer,
+                                       resources=resources, pod=pod).passed
+            scores = score_fractional(share, passed, views, labels, policy, placer=placer,
+                                      snapshot=None, resources=resources, pod=pod)
+        else:
+            t0 = time.perf_counter()
+            if kind == "fractional":  # app.decide_fractional, filter then prioritize
+                req = placer.request(names, source, policy)
+                placer.observe(share, int(req.card[req.card > 0][0]), pod)
+                passed = filter_share(placer, req, source, share, policy, pod=pod).passed
+                req = placer.request(passed, source, policy)
+                scores = priorities(req, rank_share(placer, req, share, policy.spec.placement,
+                                                    pod))
+            else:  # app.decide_ranked: filter passes all and observes; prioritize ranks
+                shape = Shape(pod[0], pod[1], MILLI if kind == "whole" else 0,
+                              gpus if kind == "whole" else 0)
+                placer.workload.observe(shape)
+                passed = list(names)
+                req = placer.request(passed, source, policy)
+                scores = prioritize_pod(placer, req, shape)
+        times[kind].append(time.perf_counter() - t0)
         if not passed:
             continue
         best = max(scores, key=lambda hs: hs[1])[0]
-        choice = choose(views[best], card, share, policy.spec.placement, placer=placer)
-        assert choice is not None
-        gpu = choice.gpu_id or ledger.open_gpu(f"r{i}", best)
-        ledger.assume(Assignment("t", f"p{i}", f"u{i}", best, gpu, share))
-        requests.set_pod({"metadata": {"name": f"p{i}", "namespace": "t"},
-                          "spec": {"nodeName": best, "containers": [{"resources": {
-                              "requests": {"cpu": f"{pod[0]}m", "memory": f"{pod[1]}Mi"}}}]},
-                          "status": {"phase": "Running"}})
-    ms = np.array(times) * 1000
-    print(f"extender filter+prioritize over {len(names)} nodes, {pods} pods, prioritize "
-          f"{'reusing' if reuse else 'recomputing'} filter's ranking: p50 "
-          f"{np.percentile(ms, 50):.2f} ms, p99 {np.percentile(ms, 99):.2f} ms, max "
-          f"{ms.max():.2f} ms")
+        if max(s for _, s in scores) == 0:
+            continue  # fits nowhere
+        spec: dict[str, object] = {"nodeName": best, "containers": [{"resources": {
+            "requests": {"cpu": f"{pod[0]}m", "memory": f"{pod[1]}Mi"}}}]}
+        if kind == "fractional":
+            choice = choose(ledger.view(best), card, share, policy.spec.placement,
+                            placer=placer)
+            assert choice is not None
+            gpu = choice.gpu_id or ledger.open_gpu(f"r{i}", best)
+            ledger.assume(Assignment("t", f"p{i}", f"u{i}", best, gpu, share))
+        elif kind == "whole":
+            spec["containers"] = [{"resources": {
+                "requests": {"cpu": f"{pod[0]}m", "memory": f"{pod[1]}Mi"},
+                "limits": {"nvidia.com/gpu": str(gpus)}}}]
+        obj = {"metadata": {"name": f"p{i}", "namespace": "t", "uid": f"u{i}"}, "spec": spec,
+               "status": {"phase": "Running"}}
+        if kind != "fractional":
+            ledger.set_pod(obj)
+        requests.set_pod(obj)
+    for kind, ts in times.items():
+        if not ts:
+            continue
+        ms = np.array(ts) * 1000
+        print(f"extender filter+prioritize over {len(names)} nodes, {mode}, {kind} pods "
+              f"({len(ts)}): p50 {np.percentile(ms, 50):.2f} ms, p99 "
+              f"{np.percentile(ms, 99):.2f} ms, max {ms.max():.2f} ms", flush=True)
 
 
 def main() -> None:
     if "--extender" in sys.argv:
-        for reuse in (False, True):  # before / after, same process and load
-            extender_latency(reuse=reuse)
+        for mode in ("dicts", "ledger"):  # before / after, same process and load
+            extender_latency(mode=mode)
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="42-51")

@@ -51,12 +51,16 @@ from gpu_admission.extender.gpustate import (
 )
 from gpu_admission.kube.client import api_client
 from gpu_admission.placement.fractional import (
+    LedgerSource,
     Placer,
-    filter_fractional,
+    filter_share,
     fractional_error,
     fractional_share,
-    score_fractional,
+    priorities,
+    prioritize_pod,
+    rank_share,
 )
+from gpu_admission.placement.frag import MILLI, Shape
 from gpu_admission.placement.gpus import Snapshot
 from gpu_admission.placement.requests import NodeRequests, pod_requests
 from gpu_admission.placement.score import (
@@ -74,6 +78,10 @@ JSON: Final = "application/json"
 DEFAULT_PREFIX: Final = "/scheduler"
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024  # bytes; a NodeList of thousands of Nodes
 VERBS: Final = ("filter", "prioritize")
+#: the verbs of the extender entry that sees every pod of the profile (no managedResources,
+#: so CPU pods reach it too): like filter and prioritize, except that a fractional pod gets a
+#: neutral answer there (every node passes, all score 0): the binding entry decides it
+OTHER_SUFFIX: Final = "-nonfractional"
 BIND: Final = "bind"
 #: Seconds. A decision is well under a millisecond; kube-scheduler's httpTimeout is seconds.
 LATENCY_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -348,8 +356,10 @@ async def _handle(request: web.Request, verb: str, answer: Answer) -> web.Respon
     return response
 
 
-def decide(state: ExtenderState, verb: str, body: bytes) -> web.Response:
-    """Decode, decide, encode (synchronous: pure work on in-memory data)."""
+def decide(state: ExtenderState, verb: str, body: bytes, *,
+           fractional: bool = True) -> web.Response:
+    """Decode, decide, encode (synchronous: pure work on in-memory data). ``fractional``
+    False (the ``-nonfractional`` verbs): fractional pods get a neutral answer."""
     try:
         args = decode_args(body)
     except ArgsError as exc:
@@ -357,14 +367,25 @@ def decide(state: ExtenderState, verb: str, body: bytes) -> web.Response:
     policy = state.policy
     placement = policy.spec.placement
     share = fractional_share(args.pod)
-    if share is not None and state.kube is not None and state.kube.synced:
-        state.kube.remember(args.pod)  # its bind assumes the share before any API call
-        return decide_fractional(state, verb, args, share)
     bad = fractional_error(args.pod)
+    if not fractional and (share is not None or bad):
+        state.metrics.neutral.labels(verb, "fractional").inc()
+        out = (encode_filter(args, FilterResult(list(args.names), {}, "fractional"))
+               if verb == "filter" else encode_priorities([(n, 0) for n in args.names]))
+        return web.Response(body=out, content_type=JSON)
+    kube = state.kube
+    synced = kube is not None and kube.synced
+    if share is not None and synced:
+        assert kube is not None
+        kube.remember(args.pod)  # its bind assumes the share before any API call
+        return decide_fractional(state, verb, args, share)
     if bad and verb == "filter":  # a broken fractional pod fits nowhere; the reason says why
         return web.Response(body=encode_filter(args, FilterResult(
             [], dict.fromkeys(args.names, bad))), content_type=JSON)
     demand = pod_demand(args.pod, policy)
+    if synced and share is None and (demand.kind == "none"
+                                     or (demand.kind == "whole" and demand.gpus > 0)):
+        return decide_ranked(state, verb, args, demand.gpus if demand.kind == "whole" else 0)
     snapshot = state.poller.fresh_snapshot()
     neutral = neutral_reason(demand, snapshot)
     if neutral:
@@ -382,28 +403,43 @@ def decide(state: ExtenderState, verb: str, body: bytes) -> web.Response:
     return web.Response(body=out, content_type=JSON)
 
 
+def _source(state: ExtenderState) -> LedgerSource:
+    kube = state.kube
+    assert kube is not None
+    return LedgerSource(kube.ledger, kube.nodes, state.requests)
+
+
+def decide_ranked(state: ExtenderState, verb: str, args: ExtenderArgs,
+                  gpus: int) -> web.Response:
+    """A whole-GPU pod (``gpus`` cards) or a CPU pod, on the ledger: filter passes every
+    node (kube-scheduler's NodeResourcesFit checks counts, CPU and memory on its own cache,
+    which knows the pods it just assumed), prioritize ranks by the fragmentation the pod
+    adds (:func:`prioritize_pod`); filter observes the pod for the learned workload."""
+    cpu, mem = pod_requests(args.pod)
+    shape = Shape(cpu, mem, MILLI if gpus else 0, gpus)
+    placer = state.placer
+    if verb == "filter":
+        placer.workload.observe(shape)
+        return web.Response(body=encode_filter(args, FilterResult(list(args.names), {})),
+                            content_type=JSON)
+    req = placer.request(args.names, _source(state), state.policy)
+    return web.Response(body=encode_priorities(prioritize_pod(placer, req, shape)),
+                        content_type=JSON)
+
+
 def decide_fractional(state: ExtenderState, verb: str, args: ExtenderArgs,
                       share: int) -> web.Response:
-    """A fractional pod: decided on the GPU ledger (exact), scored with DCGM utilisation."""
-    kube_state = state.kube
-    assert kube_state is not None
-    ledger = kube_state.ledger
-    views = {name: ledger.view(name) for name in args.names}
-    labels = {name: ((kube_state.nodes.get(name) or {}).get("metadata") or {}).get("labels")
-              or {} for name in args.names}
-    requests = state.requests
-    resources = (None if requests is None else
-                 {name: requests.free(kube_state.nodes.get(name)) for name in args.names})
+    """A fractional pod: decided on the GPU ledger (exact), ranked by fragmentation."""
+    source = _source(state)
+    placer = state.placer
     pod = pod_requests(args.pod)
+    req = placer.request(args.names, source, state.policy)
     if verb == "filter":
         # learn the workload from the pods asked about (once per scheduling attempt)
-        placer = state.placer
-        pool = next((p for p in (placer.pool(n, labels[n], state.policy) for n in args.names)
-                     if p is not None), None)
-        if pool is not None:
-            placer.observe(share, pool.memory_mib, pod)
-        result = filter_fractional(share, args.names, views, labels, state.policy,
-                                   placer=placer, resources=resources, pod=pod)
+        cards = req.card[req.card > 0]
+        if len(cards):
+            placer.observe(share, int(cards[0]), pod)
+        result = filter_share(placer, req, source, share, state.policy, pod=pod)
         if result.failed:
             state.metrics.filtered.inc(len(result.failed))
             meta = args.pod.get("metadata")
@@ -412,10 +448,8 @@ def decide_fractional(state: ExtenderState, verb: str, args: ExtenderArgs,
                            fractional_mib=share)
         out = encode_filter(args, result)
     else:
-        out = encode_priorities(score_fractional(share, args.names, views, labels,
-                                                 state.policy, placer=state.placer,
-                                                 snapshot=state.poller.fresh_snapshot(),
-                                                 resources=resources, pod=pod))
+        out = encode_priorities(priorities(req, rank_share(
+            placer, req, share, state.policy.spec.placement, pod)))
     return web.Response(body=out, content_type=JSON)
 
 
@@ -451,12 +485,28 @@ async def _prioritize(state: ExtenderState, body: bytes) -> web.Response:
     return decide(state, "prioritize", body)
 
 
+async def _filter_other(state: ExtenderState, body: bytes) -> web.Response:
+    return decide(state, "filter", body, fractional=False)
+
+
+async def _prioritize_other(state: ExtenderState, body: bytes) -> web.Response:
+    return decide(state, "prioritize", body, fractional=False)
+
+
 async def filter_handler(request: web.Request) -> web.Response:
     return await _handle(request, "filter", _filter)
 
 
 async def prioritize_handler(request: web.Request) -> web.Response:
     return await _handle(request, "prioritize", _prioritize)
+
+
+async def filter_other_handler(request: web.Request) -> web.Response:
+    return await _handle(request, "filter", _filter_other)
+
+
+async def prioritize_other_handler(request: web.Request) -> web.Response:
+    return await _handle(request, "prioritize", _prioritize_other)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -595,6 +645,8 @@ def create_app(config: ExtenderConfig, *,
     app[STATE] = state
     app.router.add_post(config.route("filter"), filter_handler)
     app.router.add_post(config.route("prioritize"), prioritize_handler)
+    app.router.add_post(config.route("filter" + OTHER_SUFFIX), filter_other_handler)
+    app.router.add_post(config.route("prioritize" + OTHER_SUFFIX), prioritize_other_handler)
     app.router.add_post(config.route(BIND), bind_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -17,9 +17,10 @@ bind finds the GPU the scores promised), and ``gpu-admission simulate`` runs it 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from operator import itemgetter
+from typing import Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +39,8 @@ from gpu_admission.placement.frag import (
     typical_arrays,
 )
 from gpu_admission.placement.gpus import Snapshot
-from gpu_admission.placement.ledger import NodeView, is_fractional_pod, parse_mib
+from gpu_admission.placement.ledger import Ledger, NodeView, is_fractional_pod, parse_mib
+from gpu_admission.placement.requests import NodeRequests
 from gpu_admission.placement.score import (
     FilterResult,
 )
@@ -115,98 +117,209 @@ def node_state(views: list[NodeView], card_mib: list[int]) -> tuple[Nodes, list[
                        [big] * len(views), gpus), ids
 
 
+class NodeSource(Protocol):
+    """Where a :class:`Placer` reads the nodes it ranks: the extender's watch
+    (:class:`LedgerSource`: the GPU ledger, the Node objects and the CPU/memory requests,
+    each saying which nodes changed), or one request's dicts (:class:`DictSource`)."""
+
+    def view(self, name: str) -> NodeView: ...
+
+    def labels(self, name: str) -> Mapping[str, str] | None: ...
+
+    def free(self, name: str) -> tuple[int, int] | None:
+        """Free (milli-CPU, MiB); None: unknown (counted unlimited); :data:`KEEP`: keep
+        what the placer holds."""
+
+    def changed(self) -> Iterable[str] | None:
+        """The nodes that may have changed since the last call (None: every node)."""
+
+
+#: :meth:`NodeSource.free` of a source that does not know: keep the row's CPU and memory
+KEEP: Final = (-1, -1)
+
+
+@dataclass(frozen=True, slots=True)
+class DictSource:
+    """One request's dicts (tests, bind, callers without a watch): every node named may
+    have changed; a row is rewritten only when its view (the ledger hands out a new object
+    when the node changes), pool or free resources differ from the placer's."""
+
+    views: Mapping[str, NodeView]
+    labels_of: Mapping[str, Mapping[str, str]]
+    resources: Mapping[str, tuple[int, int] | None] | None
+    names: Sequence[str]
+
+    def view(self, name: str) -> NodeView:
+        return self.views[name]
+
+    def labels(self, name: str) -> Mapping[str, str] | None:
+        return self.labels_of.get(name)
+
+    def free(self, name: str) -> tuple[int, int] | None:
+        return KEEP if self.resources is None else self.resources.get(name)
+
+    def changed(self) -> Iterable[str] | None:
+        return self.names
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSource:
+    """The extender's watch as a :class:`NodeSource`: the ledger's views, the Node objects
+    (labels, allocatable) and the pods' CPU/memory requests. The ledger and the requests
+    record which nodes changed (:meth:`Ledger.take_changed`), so a request re-reads only
+    those, not every node it names."""
+
+    ledger: Ledger
+    nodes: Mapping[str, Mapping[str, Any]]
+    requests: NodeRequests | None
+
+    def view(self, name: str) -> NodeView:
+        return self.ledger.view(name)
+
+    def labels(self, name: str) -> Mapping[str, str] | None:
+        labels: Mapping[str, str] | None = ((self.nodes.get(name) or {}).get("metadata")
+                                            or {}).get("labels")
+        return labels
+
+    def free(self, name: str) -> tuple[int, int] | None:
+        return None if self.requests is None else self.requests.free(self.nodes.get(name))
+
+    def changed(self) -> Iterable[str] | None:
+        ledger = self.ledger.take_changed()
+        if self.requests is None:
+            return ledger
+        requests = self.requests.take_changed()
+        return None if ledger is None or requests is None else ledger | requests
+
+
 @dataclass
 class Registry:
-    """Every node the extender has ranked, as frag arrays kept between requests: a row is
-    rebuilt only when the ledger hands out a new :class:`NodeView` for the node (the ledger
-    caches a node's view until something on it changes), and the fragmentation cache is
-    updated for those rows only. So a request over 1,213 nodes costs the ranking itself."""
+    """Every node the placer has ranked, as frag arrays kept between requests (row i =
+    ``nodes.names[i]``, ``index`` the other way): the name -> row map grows when a request
+    names a new node, a row is rewritten only when its source says the node changed (the
+    ledger's view, the node's pool or its free CPU/memory), and the fragmentation cache is
+    updated for those rows only. So a request over 1,213 nodes costs the ranking itself
+    (numpy over rows), not a pass over names."""
 
     index: dict[str, int] = field(default_factory=dict)
-    keys: list[tuple[NodeView, int]] = field(default_factory=list)
+    keys: list[tuple[NodeView, int] | None] = field(default_factory=list)
     nodes: Nodes | None = None
+    #: (N,) each row's fractional pool card (MiB); 0 = the node is in no fractional pool
+    card: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     cache: FragCache | None = None
     #: bumped whenever a row, the node set or the cache changes: a ranking computed at one
     #: generation holds for the next request at the same generation (prioritize after filter)
     generation: int = 0
+    dirty: set[int] = field(default_factory=set)  # rows rewritten since the cache update
+    unread: set[int] = field(default_factory=set)  # rows added, not read from a source yet
+    #: the last request's names and rows: kube-scheduler sends the same list again
+    last_names: list[str] = field(default_factory=list)
+    last_rows: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def rows(self, names: Sequence[str]) -> IntArray:
+        """The rows of ``names`` (added when new: :attr:`unread` until read)."""
+        if len(names) == len(self.last_names) and names == self.last_names:
+            return self.last_rows
+        index = self.index
+        if not names:
+            return np.zeros(0, dtype=np.int64)
+        try:  # one C-level lookup of every name (itemgetter of one name gives no tuple)
+            found = [index[names[0]]] if len(names) == 1 else itemgetter(*names)(index)
+        except KeyError:
+            self._add(list(dict.fromkeys(n for n in names if n not in index)))
+            found = [index[n] for n in names]
+        rows = np.array(found, dtype=np.int64).reshape(len(names))
+        self.last_names, self.last_rows = list(names), rows
+        return rows
+
+    def _add(self, names: list[str]) -> None:
+        start = len(self.keys)
+        for name in names:
+            self.index[name] = len(self.keys)
+            self.keys.append(None)
+        total = len(self.keys)
+        old = self.nodes
+        width = old.gpu.shape[1] if old is not None else 1
+        gpu = np.full((total, width), -1, dtype=np.int64)
+        cpu = np.full(total, UNLIMITED, dtype=np.int64)
+        mem = np.full(total, UNLIMITED, dtype=np.int64)
+        card = np.zeros(total, dtype=np.int64)
+        if old is not None:
+            gpu[:start], cpu[:start], mem[:start] = old.gpu, old.cpu, old.mem
+            card[:start] = self.card
+        self.nodes = Nodes(list(self.index), [""], np.zeros(total, dtype=np.int64), cpu, mem,
+                           gpu)
+        self.card = card
+        self.cache = None
+        self.unread.update(range(start, total))
+
+    def _widen(self, width: int) -> None:
+        nodes = self.nodes
+        assert nodes is not None
+        gpu = np.full((len(nodes.names), width), -1, dtype=np.int64)
+        gpu[:, :nodes.gpu.shape[1]] = nodes.gpu
+        nodes.gpu = gpu
+        self.cache = None
+
+    def set_row(self, row: int, view: NodeView, card: int,
+                free: tuple[int, int] | None) -> None:
+        """Row ``row`` from the node's view, its pool card (MiB, 0: none) and free
+        (milli-CPU, MiB) (None: unknown, unlimited; :data:`KEEP`: unchanged)."""
+        nodes = self.nodes
+        assert nodes is not None
+        key = self.keys[row]
+        if key is None or key[0] is not view or key[1] != card:
+            self.keys[row] = (view, card)
+            gpus, _ = _cards(view, card)
+            if len(gpus) > nodes.gpu.shape[1]:
+                self._widen(len(gpus))
+            nodes.gpu[row] = -1
+            nodes.gpu[row, :len(gpus)] = gpus
+            self.card[row] = card
+            self.dirty.add(row)
+        if free is not KEEP:
+            cpu, mem = free if free is not None else (UNLIMITED, UNLIMITED)
+            if int(nodes.cpu[row]) != cpu or int(nodes.mem[row]) != mem:
+                nodes.cpu[row] = cpu
+                nodes.mem[row] = mem
+                self.dirty.add(row)
+
+    def finish(self, typ: Typical) -> tuple[Nodes, FragCache]:
+        """The fragmentation cache brought up to date with the rows rewritten."""
+        nodes = self.nodes
+        assert nodes is not None
+        if self.cache is None or self.cache.typ is not typ:
+            self.cache = FragCache.build(nodes, typ)
+            self.generation += 1
+        elif self.dirty:
+            self.cache.update(nodes, np.array(sorted(self.dirty), dtype=np.int64))
+            self.generation += 1
+        self.dirty.clear()
+        return nodes, self.cache
 
     def arrays(self, views: list[NodeView], cards: list[int], typ: Typical,
                resources: list[tuple[int, int] | None] | None = None
                ) -> tuple[Nodes, FragCache, IntArray]:
-        """The arrays for ``views`` (rows into them), up to date. ``resources``: each
-        node's free (milli-CPU, MiB), None to keep what the last request said (bind)."""
-        index, keys = self.index, self.keys
-        changed: list[tuple[int, list[int]]] = []
-        rebuild = self.nodes is None
-        width = self.nodes.gpu.shape[1] if self.nodes is not None else 1
-        for view, card in zip(views, cards, strict=True):
-            row = index.get(view.name)
-            if row is None:
-                rebuild = True
-                continue
-            key = keys[row]
-            if key[0] is not view or key[1] != card:
-                keys[row] = (view, card)
-                gpus, _ = _cards(view, card)
-                rebuild = rebuild or len(gpus) > width
-                changed.append((row, gpus))
-        if rebuild:
-            self._grow(views, cards)
-        nodes = self.nodes
-        assert nodes is not None
-        for row, gpus in changed:
-            nodes.gpu[row] = -1
-            nodes.gpu[row, :len(gpus)] = gpus
-        rows = np.array([index[v.name] for v in views], dtype=np.int64)
-        dirty = {r for r, _ in changed}
-        if resources is not None:
-            cpu = np.array([r[0] if r is not None else UNLIMITED for r in resources],
-                           dtype=np.int64)
-            mem = np.array([r[1] if r is not None else UNLIMITED for r in resources],
-                           dtype=np.int64)
-            moved = rows[(nodes.cpu[rows] != cpu) | (nodes.mem[rows] != mem)]
-            nodes.cpu[rows] = cpu
-            nodes.mem[rows] = mem
-            dirty.update(moved.tolist())
-        if self.cache is None or self.cache.typ is not typ:
-            self.cache = FragCache.build(nodes, typ)
-            self.generation += 1
-        elif dirty:
-            self.cache.update(nodes, np.array(sorted(dirty), dtype=np.int64))
-            self.generation += 1
-        elif rebuild:
-            self.generation += 1
-        return nodes, self.cache, rows
-
-    def _grow(self, views: list[NodeView], cards: list[int]) -> None:
-        for v, c in zip(views, cards, strict=True):
-            if v.name not in self.index:
-                self.index[v.name] = len(self.keys)
-                self.keys.append((v, c))
-            else:
-                self.keys[self.index[v.name]] = (v, c)
-        names = list(self.index)
-        gpus = [_cards(*self.keys[i])[0] for i in range(len(names))]
-        width = max((len(g) for g in gpus), default=1) or 1
-        old = self.nodes
-        cpu = [UNLIMITED] * len(names)
-        mem = [UNLIMITED] * len(names)
-        if old is not None:  # keep what requests said about the nodes already known
-            for i, name in enumerate(old.names):
-                cpu[i], mem[i] = int(old.cpu[i]), int(old.mem[i])
-                assert names[i] == name
-        self.nodes = Nodes.build(names, [""] * len(names), cpu, mem,
-                                 [g + [-1] * (width - len(g)) for g in gpus])
-        self.cache = None
+        """The arrays for ``views`` with their cards given (bind, tests; rows into them),
+        up to date. ``resources``: each node's free (milli-CPU, MiB), None to keep what the
+        last request said (bind)."""
+        rows = self.rows([v.name for v in views])
+        for i, (view, card) in enumerate(zip(views, cards, strict=True)):
+            self.set_row(int(rows[i]), view, card,
+                         KEEP if resources is None else resources[i])
+        self.unread.difference_update(rows.tolist())
+        nodes, cache = self.finish(typ)
+        return nodes, cache, rows
 
 
 UNLIMITED: Final = 2**40  # CPU/memory of a node nothing is known about (milli-CPU, MiB)
 
 
 def _cards(view: NodeView, card_mib: int) -> tuple[list[int], list[str]]:
-    """A node's cards in milli-GPU (open GPUs, then whole GPUs free to open) and their ids."""
-    return ([card_milli(card_mib - g.used_mib, card_mib) for g in view.open]
-            + [MILLI] * view.free_whole,
+    """A node's cards in milli-GPU (open GPUs, then whole GPUs free to open) and their ids;
+    ``card_mib`` 0 (no fractional pool): open GPUs count as full (nothing to give out)."""
+    return ([card_milli(card_mib - g.used_mib, card_mib) if card_mib else 0
+             for g in view.open] + [MILLI] * view.free_whole,
             [g.gpu_id for g in view.open] + [NEW_GPU] * view.free_whole)
 
 
@@ -215,7 +328,7 @@ class RankMemo:
     """The last ranking of a placer, in registry rows: for which pod, at which registry
     generation and shapes, over which rows (``evaluated``, a mask over registry rows)."""
 
-    key: tuple[int, int, tuple[int, int], int]  # share MiB, headroom MiB, pod, generation
+    key: tuple[Any, ...]  # what was ranked (the pod) and the registry generation
     typ: Typical
     evaluated: npt.NDArray[np.bool_]
     ranking: Ranking  # rows: registry rows
@@ -225,23 +338,32 @@ class RankMemo:
 PoolEntry = tuple[Mapping[str, str] | None, Policy, NodePool | None]
 
 
+@dataclass(frozen=True, slots=True)
+class Request:
+    """The nodes of one filter or prioritize request, as placer rows."""
+
+    names: Sequence[str]
+    rows: IntArray  # registry row of each name, request order
+    card: IntArray  # each name's fractional pool card (MiB), 0 = in none
+
+
 @dataclass
 class Placer:
-    """Everything fractional placement remembers between requests, held by whoever places
-    (the extender's ``create_app`` makes one and keeps it in its state for filter,
-    prioritize and bind; each test or benchmark makes its own). Nothing of it is
-    process-wide, so two extenders or two replays in one process never see each other's
-    workload (project rule: state passed explicitly).
+    """Everything placement remembers between requests, held by whoever places (the
+    extender's ``create_app`` makes one and keeps it in its state for filter, prioritize
+    and bind; each test or benchmark makes its own). Nothing of it is process-wide, so two
+    extenders or two replays in one process never see each other's workload (project rule:
+    state passed explicitly).
 
-    * ``workload``: the shapes of the fractional pods asked about (filter observes each pod
-      once per scheduling attempt), which the fragmentation is measured against; its typical
-      shapes are re-read every :data:`REFRESH_EVERY` observations, so filter, prioritize and
-      bind of one pod rank against the same shapes (the card bind takes is the one the
-      ranking promised);
+    * ``workload``: the shapes of the pods asked about (filter observes each pod once per
+      scheduling attempt: fractional, whole-GPU and CPU pods), which the fragmentation is
+      measured against; its typical shapes are re-read every :data:`REFRESH_EVERY`
+      observations, so filter, prioritize and bind of one pod rank against the same shapes
+      (the card bind takes is the one the ranking promised);
     * ``registry``: the nodes' arrays between requests (:class:`Registry`);
     * ``pool_cache``: node name -> (its labels object, policy, pool): one lookup and two
-      identity checks per node and request (the watch replaces a node's labels object when
-      they change) instead of matching every selector."""
+      identity checks per node read (the watch replaces a node's labels object when they
+      change) instead of matching every selector."""
 
     workload: Workload = field(default_factory=Workload)
     registry: Registry = field(default_factory=Registry)
@@ -252,6 +374,7 @@ class Placer:
     last: RankMemo | None = None
     _typ: Typical | None = None
     _typ_seen: int = -1
+    _policy: Policy | None = None
 
     def typical(self) -> Typical:
         """The learned workload's typical shapes as arrays (stable between refreshes)."""
@@ -277,6 +400,92 @@ class Placer:
         self.pool_cache[name] = (labels, policy, pool)
         return pool
 
+    def request(self, names: Sequence[str], source: NodeSource, policy: Policy) -> Request:
+        """The rows of ``names``, every row the source says changed re-read (all of them
+        after a relist or a new policy), the cache up to date: numpy from here on."""
+        reg = self.registry
+        rows = reg.rows(names)
+        changed = source.changed()
+        if policy is not self._policy:
+            self._policy = policy
+            changed = None
+        nodes = reg.nodes
+        assert nodes is not None
+        pending = reg.unread
+        if changed is None:
+            pending = set(range(len(nodes.names)))
+        else:
+            index = reg.index
+            pending.update(index[n] for n in changed if n in index)
+        if pending:  # read the requested ones now, the others when a request names them
+            wanted = np.zeros(len(nodes.names), dtype=bool)
+            wanted[rows] = True
+            read = [r for r in pending if wanted[r]]
+            reg.unread = {r for r in pending if not wanted[r]}
+            for row in read:
+                name = nodes.names[row]
+                pool = self.pool(name, source.labels(name), policy)
+                reg.set_row(row, source.view(name),
+                            pool.memory_mib if pool is not None else 0, source.free(name))
+        reg.finish(self.typical())
+        return Request(names, rows, reg.card[rows])
+
+    def ranked(self, key: tuple[Any, ...], rows: IntArray,
+               compute: Callable[[Nodes, FragCache, IntArray], Ranking]) -> Ranking:
+        """``compute`` over registry ``rows`` (a ranking in registry rows), or the last
+        ranking when it was for the same ``key`` at the same generation over these rows."""
+        reg = self.registry
+        nodes, cache = reg.nodes, reg.cache
+        assert nodes is not None and cache is not None
+        full = (*key, reg.generation)
+        memo = self.last
+        n = len(nodes.names)
+        if (self.reuse and memo is not None and memo.key == full and memo.typ is cache.typ
+                and len(memo.evaluated) == n and bool(memo.evaluated[rows].all())):
+            wanted = np.zeros(n, dtype=bool)
+            wanted[rows] = True
+            keep = wanted[memo.ranking.rows]
+            m = memo.ranking
+            return Ranking(m.rows[keep], m.card[keep], m.delta[keep], m.gpu_left[keep],
+                           m.cpu_left[keep])
+        r = compute(nodes, cache, rows)
+        evaluated = np.zeros(n, dtype=bool)
+        evaluated[rows] = True
+        self.last = RankMemo(full, cache.typ, evaluated, r)
+        return r
+
+
+def _positions(r: Ranking, rows: IntArray, size: int) -> Ranking:
+    """A ranking in registry rows as positions into ``rows`` (``size``: registry rows)."""
+    position = np.full(size, -1, dtype=np.int64)
+    position[rows] = np.arange(len(rows))
+    return Ranking(position[r.rows], r.card, r.delta, r.gpu_left, r.cpu_left)
+
+
+def rank_share(placer: Placer, req: Request, share_mib: int, placement: Placement,
+               pod: tuple[int, int] = (0, 0)) -> Ranking:
+    """A fractional pod over a request's nodes in fractional pools (rows: positions into
+    ``req.names``): :func:`gpu_admission.placement.frag.rank` one card size at a time."""
+    reg = placer.registry
+    rows = req.rows[req.card > 0]
+    r = placer.ranked(("share", share_mib, placement.memory_headroom_mib, pod), rows,
+                      lambda nodes, cache, rows_: _rank_rows(
+                          share_mib, reg.card[rows_].tolist(), placement, typ=cache.typ,
+                          nodes=nodes, cache=cache, rows_of=rows_, pod=pod))
+    return _positions(r, req.rows, len(reg.index))
+
+
+def rank_pod(placer: Placer, req: Request, shape: Shape) -> Ranking:
+    """A whole-GPU pod (``shape.gpus`` cards of 1000) or a CPU pod over every node of the
+    request (rows: positions into ``req.names``): the fragmentation its placement adds.
+    Whole cards are the ledger's free ones (not opened for shares); a CPU pod adds
+    fragmentation where it takes CPU or memory a GPU shape needs."""
+    reg = placer.registry
+    r = placer.ranked(("pod", shape), req.rows,
+                      lambda nodes, cache, rows_: rank(nodes, shape, cache.typ, cache,
+                                                       rows=rows_))
+    return _positions(r, req.rows, len(reg.index))
+
 
 def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
                     placement: Placement, typical: Typical | None = None, *, placer: Placer,
@@ -286,35 +495,20 @@ def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
     (:func:`gpu_admission.placement.frag.rank`); ``rows`` index ``views``. Cards of
     different sizes: the pod's share is converted per node, so nodes are ranked one card
     size at a time and merged."""
-    typ = typical if typical is not None else placer.typical()
     if typical is not None:  # a caller's own shapes: arrays of its own (tests)
         nodes, ids = node_state(views, card_mib)
         del ids
-        cache = FragCache.build(nodes, typ)
+        cache = FragCache.build(nodes, typical)
         rows_of = np.arange(len(views), dtype=np.int64)
-    else:
-        nodes, cache, rows_of = placer.registry.arrays(views, card_mib, typ, resources)
-    position = np.full(len(nodes.names), -1, dtype=np.int64)
-    position[rows_of] = np.arange(len(rows_of))
-    key = (share_mib, placement.memory_headroom_mib, pod, placer.registry.generation)
-    memo = placer.last
-    if (typical is None and placer.reuse and memo is not None and memo.key == key
-            and memo.typ is typ and len(memo.evaluated) == len(nodes.names)
-            and bool(memo.evaluated[rows_of].all())):
-        wanted = np.zeros(len(nodes.names), dtype=bool)
-        wanted[rows_of] = True
-        keep = wanted[memo.ranking.rows]
-        m = memo.ranking
-        return Ranking(position[m.rows[keep]], m.card[keep], m.delta[keep],
-                       m.gpu_left[keep], m.cpu_left[keep])
-    merged = _rank_rows(share_mib, card_mib, placement, typ=typ, nodes=nodes, cache=cache,
-                        rows_of=rows_of, pod=pod)
-    if typical is None:
-        evaluated = np.zeros(len(nodes.names), dtype=bool)
-        evaluated[rows_of] = True
-        placer.last = RankMemo(key, typ, evaluated, merged)
-    return Ranking(position[merged.rows], merged.card, merged.delta, merged.gpu_left,
-                   merged.cpu_left)
+        return _rank_rows(share_mib, card_mib, placement, typ=typical, nodes=nodes,
+                          cache=cache, rows_of=rows_of, pod=pod)
+    reg = placer.registry
+    _, _, rows_of = reg.arrays(views, card_mib, placer.typical(), resources)
+    r = placer.ranked(("share", share_mib, placement.memory_headroom_mib, pod), rows_of,
+                      lambda nodes, cache, rows_: _rank_rows(
+                          share_mib, reg.card[rows_].tolist(), placement, typ=cache.typ,
+                          nodes=nodes, cache=cache, rows_of=rows_, pod=pod))
+    return _positions(r, rows_of, len(reg.index))
 
 
 def _rank_rows(share_mib: int, card_mib: list[int], placement: Placement, *, typ: Typical,
@@ -388,28 +582,63 @@ def no_fit_reason(view: NodeView, card_mib: int, share_mib: int, placement: Plac
 
 NOT_IN_POOL: Final = ("not in a fractional node pool (no spec.nodePools[] with sharing: "
                       "fractional whose nodeSelector matches the node's labels)")
-def _pooled(placer: Placer, names: list[str], views: Mapping[str, NodeView],
-            labels: Mapping[str, Mapping[str, str]], policy: Policy
-            ) -> tuple[list[str], list[NodeView], list[int], dict[str, str]]:
-    inside: list[str] = []
-    pooled: list[NodeView] = []
-    cards: list[int] = []
-    outside: dict[str, str] = {}
-    cache = placer.pool_cache
-    for name in names:
-        lab = labels.get(name)
-        hit = cache.get(name)
-        if hit is not None and hit[0] is lab and hit[1] is policy:
-            pool = hit[2]
-        else:
-            pool = placer.pool(name, lab, policy)
-        if pool is None:
-            outside[name] = NOT_IN_POOL
-            continue
-        inside.append(name)
-        pooled.append(views[name])
-        cards.append(pool.memory_mib)
-    return inside, pooled, cards, outside
+
+
+def filter_share(placer: Placer, req: Request, source: NodeSource, share_mib: int,
+                 policy: Policy, *, pod: tuple[int, int] = (0, 0)) -> FilterResult:
+    """Nodes where some GPU fits (open or to open); the others with a reason. Every node
+    that fits passes: the ranking is prioritize's (scores spread so the best alone gets
+    10; docs/extender.md, Resolution)."""
+    placement = policy.spec.placement
+    r = rank_share(placer, req, share_mib, placement, pod)
+    names = req.names
+    fit = np.zeros(len(names), dtype=bool)
+    fit[r.rows] = True
+    failed: dict[str, str] = {}
+    for i in np.flatnonzero(~fit).tolist():
+        name, card = names[i], int(req.card[i])
+        failed[name] = (no_fit_reason(source.view(name), card, share_mib, placement) if card
+                        else NOT_IN_POOL)
+    passed = names if not failed else [names[i] for i in np.flatnonzero(fit).tolist()]
+    return FilterResult(list(passed), failed)
+
+
+def spread_scores(r: Ranking) -> IntArray:
+    """0..10 for each entry of the ranking: the entries tied at the top (same fragmentation
+    added, same GPU and CPU left) 10; the others 1..9 by where their fragmentation added
+    falls between the best and the worst (never 10, so with the shipped weight
+    kube-scheduler's own plugins cannot lift one of them over a best node)."""
+    if len(r.rows) == 0:
+        return np.zeros(0, dtype=np.int64)
+    lo, hi = float(r.delta.min()), float(r.delta.max())
+    frac = (hi - r.delta) / (hi - lo) if hi > lo else np.ones(len(r.rows))
+    score: IntArray = 1 + (frac * 8).astype(np.int64)  # 1..9
+    score[r.best()] = MAX_EXTENDER
+    return score
+
+
+def spread(r: Ranking) -> dict[int, int]:
+    """Row -> 0..10 (:func:`spread_scores`)."""
+    return dict(zip(r.rows.tolist(), spread_scores(r).tolist(), strict=True))
+
+
+MAX_EXTENDER: Final = 10
+
+
+def priorities(req: Request, r: Ranking) -> list[tuple[str, int]]:
+    """(node, 0..10) in request order from a ranking over its positions; 0 where nothing
+    fits."""
+    score = np.zeros(len(req.names), dtype=np.int64)
+    score[r.rows] = spread_scores(r)
+    return list(zip(req.names, score.tolist(), strict=True))
+
+
+def prioritize_pod(placer: Placer, req: Request, shape: Shape) -> list[tuple[str, int]]:
+    """A whole-GPU or CPU pod's scores (:func:`rank_pod`, :func:`spread_scores`). Its filter
+    passes every node: kube-scheduler's NodeResourcesFit already checks the GPU count, CPU
+    and memory against its own cache, which knows the pods it has just assumed before the
+    ledger's watch does."""
+    return priorities(req, rank_pod(placer, req, shape))
 
 
 def filter_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
@@ -417,36 +646,10 @@ def filter_fractional(share_mib: int, names: list[str], views: Mapping[str, Node
                       placer: Placer,
                       resources: Mapping[str, tuple[int, int] | None] | None = None,
                       pod: tuple[int, int] = (0, 0)) -> FilterResult:
-    """Nodes where some GPU fits (open or to open); the others with a reason. Every node
-    that fits passes: the ranking is prioritize's (scores spread so the best alone gets
-    10; docs/extender.md, Resolution)."""
-    placement = policy.spec.placement
-    inside, pooled, cards, failed = _pooled(placer, names, views, labels, policy)
-    r = rank_fractional(share_mib, pooled, cards, placement, placer=placer, pod=pod,
-                        resources=None if resources is None else
-                        [resources.get(n) for n in inside])
-    fit = {inside[int(i)] for i in r.rows}
-    for name, view, card in zip(inside, pooled, cards, strict=True):
-        if name not in fit:
-            failed[name] = no_fit_reason(view, card, share_mib, placement)
-    return FilterResult([n for n in names if n in fit], failed)
-
-
-def spread(r: Ranking) -> dict[int, int]:
-    """Row -> 0..10: the nodes tied at the top of the ranking (same fragmentation added,
-    same GPU and CPU left) 10; the others 1..9 by where their fragmentation added falls
-    between the best and the worst (never 10, so with the shipped weight kube-scheduler's
-    own plugins cannot lift one of them over a best node)."""
-    if len(r.rows) == 0:
-        return {}
-    lo, hi = float(r.delta.min()), float(r.delta.max())
-    frac = (hi - r.delta) / (hi - lo) if hi > lo else np.ones(len(r.rows))
-    score = 1 + (frac * 8).astype(np.int64)  # 1..9
-    score[r.best()] = MAX_EXTENDER
-    return dict(zip(r.rows.tolist(), score.tolist(), strict=True))
-
-
-MAX_EXTENDER: Final = 10
+    """:func:`filter_share` over one request's dicts (:class:`DictSource`)."""
+    source = DictSource(views, labels, resources, names)
+    return filter_share(placer, placer.request(names, source, policy), source, share_mib,
+                        policy, pod=pod)
 
 
 def score_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeView],
@@ -455,15 +658,8 @@ def score_fractional(share_mib: int, names: list[str], views: Mapping[str, NodeV
                      snapshot: Snapshot | None,
                      resources: Mapping[str, tuple[int, int] | None] | None = None,
                      pod: tuple[int, int] = (0, 0)) -> list[tuple[str, int]]:
-    """(node, 0..10) in request order: :func:`spread` of the ranking; 0 where nothing fits.
-    ``snapshot`` (DCGM) no longer changes the order: fragmentation decides."""
+    """(node, 0..10) in request order: :func:`spread_scores` of the ranking; 0 where
+    nothing fits. ``snapshot`` (DCGM) no longer changes the order: fragmentation decides."""
     del snapshot
-    inside, pooled, cards, _ = _pooled(placer, names, views, labels, policy)
-    r = rank_fractional(share_mib, pooled, cards, policy.spec.placement, placer=placer,
-                        pod=pod,
-                        resources=None if resources is None else
-                        [resources.get(n) for n in inside])
-    by_row = spread(r)
-    scores = {inside[row]: s for row, s in by_row.items()}
-    return [(name, scores.get(name, 0)) for name in names]
-
+    req = placer.request(names, DictSource(views, labels, resources, names), policy)
+    return priorities(req, rank_share(placer, req, share_mib, policy.spec.placement, pod))

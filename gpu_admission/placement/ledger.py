@@ -231,6 +231,27 @@ class Ledger:
     #: those alone: no scan of every pod per event during a burst)
     _by_configmap: dict[Key, set[Key]] = field(default_factory=dict)
     _views: dict[str, NodeView] = field(default_factory=dict)
+    #: nodes whose view changed since the placer last read them (``changed_all``: every
+    #: node, after a relist): the extender's :class:`~gpu_admission.placement.fractional.Placer`
+    #: re-reads only these rows (:meth:`take_changed`), not every node per request
+    changed: set[str] = field(default_factory=set)
+    changed_all: bool = False
+
+    def _stale(self, node: str) -> None:
+        self._views.pop(node, None)
+        self.changed.add(node)
+
+    def _stale_all(self) -> None:
+        self._views.clear()
+        self.changed_all = True
+
+    def take_changed(self) -> set[str] | None:
+        """The nodes changed since the last call (None: every node may have), and forget
+        them: one reader (the extender's placer)."""
+        out = None if self.changed_all else self.changed
+        self.changed = set()
+        self.changed_all = False
+        return out
 
     # --- feeding (from the watch cache) ------------------------------------------------
 
@@ -240,17 +261,17 @@ class Ledger:
         alloc = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0)
         self.nodes[name] = _whole(alloc)
         self.node_labels[name] = dict(meta.get("labels") or {})
-        self._views.pop(name, None)
+        self._stale(name)
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
         self.node_labels.pop(name, None)
-        self._views.pop(name, None)
+        self._stale(name)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
         self.nodes.clear()
         self.node_labels.clear()
-        self._views.clear()
+        self._stale_all()
         for node in nodes:
             self.set_node(node)
 
@@ -269,7 +290,7 @@ class Ledger:
         self._by_node.setdefault(entry.node, set()).add(key)
         if entry.configmap:
             self._by_configmap.setdefault((entry.namespace, entry.configmap), set()).add(key)
-        self._views.pop(entry.node, None)
+        self._stale(entry.node)
         if entry.reservation:
             self.opening.pop(entry.name, None)
             if entry.gpu_uuid:
@@ -291,7 +312,7 @@ class Ledger:
         self.pods.clear()
         self._by_node.clear()
         self._by_configmap.clear()
-        self._views.clear()
+        self._stale_all()
         for pod in pods:
             self.set_pod(pod)
         # forget reservations gone while the watch was away (none in flight)
@@ -318,7 +339,7 @@ class Ledger:
             meta = cm.get("metadata") or {}
             self.configmaps[(str(meta.get("namespace") or ""),
                              str(meta.get("name") or ""))] = configmap_entry(cm)
-        self._views.clear()
+        self._stale_all()
 
     def _touch_configmap(self, key: Key) -> None:
         """A ConfigMap changes the view of the node its pod is on."""
@@ -326,7 +347,7 @@ class Ledger:
             entry = self.pods.get(pod_key)
             if entry is None:
                 continue
-            self._views.pop(entry.node, None)
+            self._stale(entry.node)
             if entry.uid in self.assumed and self._placed(entry):
                 self._forget_assumed(entry.uid)
 
@@ -340,12 +361,12 @@ class Ledger:
                     holders.discard(key)
                     if not holders:
                         del self._by_configmap[(old.namespace, old.configmap)]
-            self._views.pop(old.node, None)
+            self._stale(old.node)
 
     def _forget_assumed(self, uid: str) -> None:
         a = self.assumed.pop(uid, None)
         if a is not None:
-            self._views.pop(a.node, None)
+            self._stale(a.node)
 
     def _placed(self, entry: PodEntry) -> bool:
         """The watch shows a fractional pod on its GPU (its own ConfigMap names one)."""
@@ -369,7 +390,7 @@ class Ledger:
             assignment = Assignment(assignment.namespace, assignment.name, assignment.uid,
                                     assignment.node, gpu_id, assignment.memory_mib)
         self.assumed[assignment.uid] = assignment
-        self._views.pop(assignment.node, None)
+        self._stale(assignment.node)
 
     def unassume(self, uid: str) -> None:
         self._forget_assumed(uid)
@@ -377,7 +398,7 @@ class Ledger:
     def open_gpu(self, reservation: str, node: str) -> str:
         """Record a reservation pod bind is creating; its GPU id until it publishes a UUID."""
         self.opening[reservation] = node
-        self._views.pop(node, None)
+        self._stale(node)
         return OPENING_PREFIX + reservation
 
     def resolve(self, reservation: str, uuid: str) -> None:
@@ -392,12 +413,12 @@ class Ledger:
         old = OPENING_PREFIX + reservation
         node = self.opening.get(reservation)
         if node is not None:
-            self._views.pop(node, None)
+            self._stale(node)
         for uid, a in list(self.assumed.items()):
             if a.gpu_id == old:
                 self.assumed[uid] = Assignment(a.namespace, a.name, a.uid, a.node, uuid,
                                                a.memory_mib)
-                self._views.pop(a.node, None)
+                self._stale(a.node)
 
     def close_opening(self, reservation: str) -> None:
         """A reservation that failed: forget it and every share assumed on it. It is also
@@ -411,7 +432,7 @@ class Ledger:
             if a.gpu_id == old:
                 self._forget_assumed(uid)
         if node is not None:
-            self._views.pop(node, None)
+            self._stale(node)
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -481,7 +502,7 @@ class Ledger:
         self.closing.add(reservation)
         for e in self.pods.values():
             if e.reservation and e.name == reservation:
-                self._views.pop(e.node, None)
+                self._stale(e.node)
 
     def empty_reservations(self) -> list[PodEntry]:
         """Reservation pods (seen by the watch) whose GPU no fractional pod uses and no bind

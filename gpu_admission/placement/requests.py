@@ -59,6 +59,17 @@ class NodeRequests:
     #: parsed once per Node object the watch delivers, not once per request
     allocatable: dict[str, tuple[Mapping[str, Any], tuple[int, int] | None]] = field(
         default_factory=dict)
+    #: nodes whose requested CPU/memory changed since the placer last read them
+    #: (``changed_all``: every node, after a relist); one reader, as the ledger's
+    changed: set[str] = field(default_factory=set)
+    changed_all: bool = False
+
+    def take_changed(self) -> set[str] | None:
+        """The nodes changed since the last call (None: every node may have)."""
+        out = None if self.changed_all else self.changed
+        self.changed = set()
+        self.changed_all = False
+        return out
 
     def set_pod(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}
@@ -70,6 +81,7 @@ class NodeRequests:
         cpu, mem = pod_requests(pod)
         self.pods[key] = (str(node), cpu, mem)
         slot = self.used.setdefault(str(node), [0, 0])
+        self.changed.add(str(node))
         slot[0] += cpu
         slot[1] += mem
 
@@ -81,12 +93,14 @@ class NodeRequests:
         old = self.pods.pop(key, None)
         if old is not None:
             slot = self.used[old[0]]
+            self.changed.add(old[0])
             slot[0] -= old[1]
             slot[1] -= old[2]
 
     def replace(self, pods: Iterable[Mapping[str, Any]]) -> None:
         self.pods.clear()
         self.used.clear()
+        self.changed_all = True
         for pod in pods:
             self.set_pod(pod)
 
