@@ -31,16 +31,15 @@ Placements:
   highest; equal scores go to the node whose name sorts first (the simulator's vendored
   ``selectHost``, :func:`_pick_max_first_name`: not random);
 * ``shipped``: what the install runs (:mod:`gpu_admission.placement.frag` with the learned
-  workload and the measure counting memory): the extender's filter keeps only the nodes tied
-  at the top of its ranking, kube-scheduler picks among them (at random: they are equal for
-  the measure, so its other scores cannot prefer one for a reason that matters here), bind
-  takes the ranking's card. CPU pods on the ``gpu-aware-scheduler`` profile (the platform
-  team's documented ``schedulerName`` step), which scores them itself
-  (:func:`gpu_aware_profile`: kube-scheduler sends extenders only pods with GPU resources);
+  workload and the measure counting memory) for every pod of the ``gpu-aware-scheduler``
+  profile: fractional, whole-GPU and CPU pods (the webhook routes CPU pods of opted-in
+  namespaces there, and the extender entry without ``managedResources`` ranks them). The
+  extender's prioritize gives 10 only to the nodes tied at the top of its ranking, with a
+  weight that outweighs every in-tree plugin, so kube-scheduler lands on one of those (at
+  random among them: they are equal for the measure, so its other scores cannot prefer one
+  for a reason that matters here); bind takes the ranking's card;
 * ``shipped-cpu-default``: the same, CPU pods on the default scheduler
-  (:func:`default_scheduler`): the install without that step;
-* ``shipped-cpu-ranked``: the same, CPU pods through the fragmentation ranking (the design
-  the extender does not serve yet).
+  (:func:`default_scheduler`): an install whose CPU pods are not routed to the profile.
 """
 
 from __future__ import annotations
@@ -68,10 +67,8 @@ from gpu_admission.placement.frag import (
 )
 from gpu_admission.simulate.trace import NodeSpec, PodSpec
 
-Placement = Literal["shipped", "shipped-cpu-default", "shipped-cpu-ranked", "fgd", "bestfit",
-                    "random"]
-PLACEMENTS: Final = ("shipped", "shipped-cpu-default", "shipped-cpu-ranked", "fgd", "bestfit",
-                     "random")
+Placement = Literal["shipped", "shipped-cpu-default", "fgd", "bestfit", "random"]
+PLACEMENTS: Final = ("shipped", "shipped-cpu-default", "fgd", "bestfit", "random")
 MAX_PERCENT: Final = 130
 MAX_SPEC_CPU: Final = 128000  # milli-CPU, the simulator's gpushareutils.MaxSpecCpu
 MAX_SPEC_GPU: Final = 8000  # milli-GPU, gpushareutils.MaxSpecGpu
@@ -243,17 +240,14 @@ class Shipped:
     cache: FragCache | None = None
     _seen_at: int = -1
 
-    #: CPU pods: "profile" = the gpu-aware profile's own scores (kube-scheduler sends the
-    #: extender only pods with GPU resources), "default" = the default scheduler, "ranked" =
-    #: the fragmentation ranking (the design; the extender does not serve CPU pods yet)
-    cpu_pods: str = "profile"
+    #: CPU pods: "ranked" = the extender's fragmentation ranking (the shipped profile),
+    #: "default" = the default scheduler (CPU pods not routed to the profile)
+    cpu_pods: str = "ranked"
 
     def __call__(self, cluster: Cluster, pod: Shape) -> Decision:
         n = cluster.nodes
         if pod.gpus == 0 and self.cpu_pods == "default":
             return default_scheduler(cluster, pod, self.rng)
-        if pod.gpus == 0 and self.cpu_pods == "profile":
-            return gpu_aware_profile(cluster, pod, self.rng)
         self.workload.observe(pod)  # the extender learns every pod it is asked about
         if self.cache is None or self.workload.seen - self._seen_at >= REFRESH_EVERY:
             self.cache = FragCache.build(n, typical_arrays(self.workload.typical(), n.models,
@@ -292,29 +286,6 @@ def default_scheduler(cluster: Cluster, pod: Shape, rng: np.random.Generator) ->
     return Decision(int(cand[_pick_max(least + balanced, rng)]), -1)
 
 
-def gpu_aware_profile(cluster: Cluster, pod: Shape, rng: np.random.Generator) -> Decision:
-    """The shipped ``gpu-aware-scheduler`` profile for a pod without GPUs (no extender is
-    called for it): NodeResourcesFit ``MostAllocated`` over cpu (weight 1), memory (1) and
-    ``nvidia.com/gpu`` (5; the node's cards in use, a fractional card counted whole as its
-    reservation pod holds it): ``sum(w x requested x 100 / allocatable) / sum(w)``, integers,
-    ties at random. So CPU pods go to nodes whose GPUs are taken."""
-    n = cluster.nodes
-    ok, _ = fits(n, pod)
-    cand = np.flatnonzero(ok)
-    if len(cand) == 0:
-        return Decision(-1, -1)
-    cap_c, cap_m = cluster.cpu_cap[cand], cluster.mem_cap[cand]
-    used_c = cap_c - n.cpu[cand] + pod.cpu_milli
-    used_m = cap_m - n.mem[cand] + pod.mem_mib
-    g = n.gpu[cand]
-    cards = (g >= 0).sum(axis=1)
-    taken = ((g >= 0) & (g < MILLI)).sum(axis=1)
-    gpu = np.where(cards > 0, taken * 100 // np.maximum(cards, 1), 0)
-    weights = 1 + 1 + np.where(cards > 0, 5, 0)
-    score = (used_c * 100 // cap_c + used_m * 100 // cap_m + 5 * gpu) // weights
-    return Decision(int(cand[_pick_max(score, rng)]), -1)
-
-
 DEFAULT_MILLI_CPU: Final = 100  # kube-scheduler's non-zero CPU request (milli-CPU)
 
 
@@ -341,8 +312,6 @@ def make_policy(name: str, seed: int, pods: Sequence[PodSpec]) -> Policy:
         return Shipped(rng)
     if name == "shipped-cpu-default":
         return Shipped(rng, cpu_pods="default")
-    if name == "shipped-cpu-ranked":
-        return Shipped(rng, cpu_pods="ranked")
     raise ValueError(f"unknown placement {name!r}; expected one of {', '.join(PLACEMENTS)}")
 
 

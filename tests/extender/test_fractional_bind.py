@@ -432,3 +432,72 @@ async def test_filter_prioritize_bind_agree_with_simulate(tmp_path: Path) -> Non
                 [u + (16000 if i == card_index else 0) for i, u in enumerate(used[target])])
         else:  # a GPU to open: a second GPU appears on the node holding the share
             assert sorted(gpus.values()) == sorted([*used[target], 16000])
+
+
+def _unbound(name: str, *, gpus: int, cpu: str, memory: str) -> dict[str, Any]:
+    """A pending pod of the gpu-aware profile: a training pod asking ``gpus`` whole cards, or
+    a CPU pod (``gpus`` 0)."""
+    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+    if gpus:
+        resources["limits"] = {"nvidia.com/gpu": str(gpus)}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": TENANT, "uid": f"uid-{name}",
+                         "labels": {"gpu-admission.io/workload": "training"} if gpus else {}},
+            "spec": {"schedulerName": "gpu-aware-scheduler", "containers": [{
+                "name": "main", "image": "busybox", "resources": resources}]},
+            "status": {"phase": "Pending"}}
+
+
+async def test_whole_gpu_and_cpu_pods_agree_with_simulate(tmp_path: Path) -> None:
+    """Issue 32, one rule for whole-GPU and CPU pods too: on the entry every pod of the
+    profile reaches (``-nonfractional`` verbs), filter passes every node, prioritize's 10s
+    are the simulator's best (``rank`` on the same state: whole cards the ledger holds free,
+    CPU and memory left by the pods bound), and a fractional pod gets a neutral answer there
+    (the binding entry decides it)."""
+    card = 81920
+    nodes_ = [frac_node("n1", gpus=2), frac_node("n2", gpus=2), frac_node("n3", gpus=1),
+              frac_node("cpu1", gpus=0, pool="none")]
+    for n in nodes_:
+        n["status"]["allocatable"].update({"cpu": "64", "memory": "256Gi"})
+    async with stack(tmp_path, *nodes_) as s:
+        hog = whole_pod("cpu-hog", "n2", gpus=0)
+        hog["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "52",
+                                                                  "memory": "8Gi"}}
+        trainer = whole_pod("trainer", "n3", gpus=1)
+        s.create(hog, trainer)
+        state = await s.start_extender()
+        app_state = s.extenders[-1][0].app[STATE]
+        requests = app_state.requests
+        assert requests is not None
+        await until(lambda: requests.used.get("n2") == [52000, 8192]
+                    and state.kube.ledger.view("n3").whole_pod_gpus == 1, "pods seen")
+        pod, = s.create(frac_pod("a", 60000))
+        assert await s.post("bind", binding_args(pod, "n1")) == {"Error": ""}
+        await until(lambda: len(state.kube.ledger.usage()) == 1, "a GPU open")
+        names = ["n1", "n2", "n3", "cpu1"]
+        # the simulator's state: n1 one card 60000 MiB used + one free, n2 two free cards
+        # but 12 CPUs left, n3 its only card held by the trainer, cpu1 no GPU
+        nodes = Nodes.build(names, [""] * 4, [64000, 12000, 64000, 64000],
+                            [262144, 262144 - 8192, 262144, 262144],
+                            [[(card - 60000) * 1000 // card, 1000], [1000, 1000], [], []])
+        small = frac_pod("small", 8000)
+        assert await s.post("filter-nonfractional", args_with_names(small, names)) == {
+            "Nodes": None, "NodeNames": names, "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {}, "Error": ""}
+        assert {h["Score"] for h in await s.post(
+            "prioritize-nonfractional", args_with_names(small, names))} == {0}
+        for pod_, shape in ((_unbound("train", gpus=1, cpu="8", memory="32Gi"),
+                             Shape(8000, 32768, 1000, 1)),
+                            (_unbound("web", gpus=0, cpu="2", memory="4Gi"),
+                             Shape(2000, 4096, 0, 0))):
+            filtered = await s.post("filter-nonfractional", args_with_names(pod_, names))
+            assert filtered["NodeNames"] == names
+            scores = {h["Host"]: h["Score"] for h in await s.post(
+                "prioritize-nonfractional", args_with_names(pod_, names))}
+            ranking = rank(nodes, shape, app_state.placer.typical())
+            best = {names[int(ranking.rows[i])] for i in ranking.best()}
+            assert {n for n, v in scores.items() if v == 10} == best, (shape, scores)
+            fits = {names[int(r)] for r in ranking.rows}
+            assert all(0 < scores[n] < 10 for n in fits - best)
+            assert all(scores[n] == 0 for n in set(names) - fits)
+            assert len(fits) > len(best)  # the ranking told nodes apart

@@ -216,7 +216,12 @@ def test_extender_entry_matches_the_real_extender(docs: list[dict[str, Any]]) ->
     assert ext["nodeCacheCapable"] is True
     timeout = parse_go_duration(ext["httpTimeout"])
     assert timeout is not None and 0 < timeout <= 5
-    assert {"name": "nvidia.com/gpu", "ignoredByScheduler": False} in ext["managedResources"]
+    # no managedResources: kube-scheduler sends this entry every pod of the profile, CPU
+    # pods included (HTTPExtender.IsInterested is true when the list is empty); fractional
+    # pods get a neutral answer on its verbs (the binding entry decides them)
+    assert "managedResources" not in ext
+    assert ext["filterVerb"].endswith("-nonfractional")
+    assert ext["weight"] * 10 > 1200  # one level above every in-tree score plugin together
 
 
 def test_fractional_extender_entry_binds(docs: list[dict[str, Any]]) -> None:
