@@ -77,12 +77,12 @@ def extender_latency(pods: int = 2000, *, mode: str = "ledger") -> None:
     node_objs = {}
     requests = NodeRequests()
     for n in specs:
-        node_objs[n.name] = {"metadata": {"name": n.name, "labels": {"pool": "frac"}},
+        labels[n.name] = {"pool": "frac"}  # one object per node, as the watch keeps it
+        node_objs[n.name] = {"metadata": {"name": n.name, "labels": labels[n.name]},
                              "status": {"allocatable": {"nvidia.com/gpu": str(n.gpus),
                                                         "cpu": f"{n.cpu_milli}m",
                                                         "memory": f"{n.mem_mib}Mi"}}}
         ledger.set_node(node_objs[n.name])
-        labels[n.name] = node_objs[n.name]["metadata"]["labels"]
     names = [n.name for n in specs]
     source = LedgerSource(ledger, node_objs, requests)
     rng = np.random.default_rng(42)
