@@ -8,13 +8,17 @@ import numpy as np
 
 from gpu_admission.placement import fractional
 from gpu_admission.placement.fractional import (
+    DictSource,
+    LedgerSource,
     Placer,
     Registry,
     filter_fractional,
+    rank_share,
     score_fractional,
 )
 from gpu_admission.placement.frag import Workload
 from gpu_admission.placement.ledger import Assignment, Ledger
+from gpu_admission.placement.requests import NodeRequests
 from gpu_admission.policy.model import Policy, policy_from_dict
 from tests.extender.fractional_support import NAMESPACE, POOL_LABEL, frac_node
 
@@ -108,3 +112,45 @@ def test_prioritize_after_filter_reuses_the_ranking_and_a_change_invalidates_it(
     after = scores(reuse, subset)
     assert reuse.last is not memo
     assert after == scores(fresh, subset)
+
+
+def test_the_watch_source_rereads_only_the_nodes_that_changed() -> None:
+    """The extender's requests read rows through :class:`LedgerSource`: the ledger and the
+    CPU/memory accounting say which nodes changed, only those rows are rewritten (the
+    others keep the very objects they were built from), and the ranking equals one computed
+    from scratch over per-request dicts."""
+    ledger = Ledger(NAMESPACE)
+    nodes = [frac_node(f"n{i}", gpus=2) for i in range(4)]
+    for n in nodes:
+        n["status"]["allocatable"].update({"cpu": "64", "memory": "256Gi"})
+    ledger.replace_nodes(nodes)
+    objs = {n["metadata"]["name"]: n for n in nodes}
+    requests = NodeRequests()
+    names = list(objs)
+    pol = policy()
+    placer = Placer()
+    source = LedgerSource(ledger, objs, requests)
+    req = placer.request(names, source, pol)
+    assert req.card.tolist() == [CARD] * 4
+    keys = list(placer.registry.keys)
+    ledger.assume(Assignment("t", "p", "u", "n2", ledger.open_gpu("r", "n2"), 30000))
+    requests.set_pod({"metadata": {"name": "cpu", "namespace": "t"},
+                      "spec": {"nodeName": "n3", "containers": [{"resources": {
+                          "requests": {"cpu": "60", "memory": "1Gi"}}}]},
+                      "status": {"phase": "Running"}})
+    req = placer.request(names, source, pol)
+    after = placer.registry.keys
+    assert [after[i] is keys[i] for i in range(4)] == [True, True, False, True]
+    nodes_ = placer.registry.nodes
+    assert nodes_ is not None and int(nodes_.cpu[req.rows[3]]) == 4000
+    got = rank_share(placer, req, 20000, pol.spec.placement, (8000, 16384))
+    fresh = Placer()
+    views = {n: ledger.view(n) for n in names}
+    labels = {n: objs[n]["metadata"]["labels"] for n in names}
+    resources = {n: requests.free(objs[n]) for n in names}
+    ref_req = fresh.request(names, DictSource(views, labels, resources, names), pol)
+    ref = rank_share(fresh, ref_req, 20000, pol.spec.placement, (8000, 16384))
+    assert got.rows.tolist() == ref.rows.tolist()
+    assert np.allclose(got.delta, ref.delta) and got.card.tolist() == ref.card.tolist()
+    ledger.replace_pods([])  # a relist: every row is read again when named
+    assert source.changed() is None
