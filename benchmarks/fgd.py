@@ -34,11 +34,13 @@ def paper() -> dict[tuple[str, str], tuple[float, float]]:
     return out
 
 
-def extender_latency(pods: int = 2000, *, mode: str = "ledger") -> None:
+def extender_latency(pods: int = 2000, *, mode: str = "ledger", mix: bool = True) -> None:
     """filter + prioritize of one pod over the 1,213 openb nodes, as the extender runs them,
     with the ledger and the requests filled by binds between requests (each bind changes one
-    node). One core, this process; ms. Pods: 60 % fractional (share, CPU, memory), 20 %
-    whole-GPU (1, 2, 4 or 8 cards), 20 % CPU. ``mode``:
+    node; the ledger then gets what its watch shows of a bound pod: the reservation pod with
+    its UUID, the pod's ConfigMap, the pod). One core, this process; ms. Pods (``mix``): 60 %
+    fractional (share, CPU, memory), 20 % whole-GPU (1, 2, 4 or 8 cards), 20 % CPU; else
+    fractional only. ``mode``:
 
     * ``ledger``: what the extender does now (``app.decide_fractional`` / ``decide_ranked``):
       the placer reads the nodes from the watch (:class:`LedgerSource`), re-reading only the
@@ -50,7 +52,13 @@ def extender_latency(pods: int = 2000, *, mode: str = "ledger") -> None:
       timed from after the views (as the figures of the previous round)."""
     import numpy as np  # noqa: PLC0415 (only this mode)
 
+    from gpu_admission.extender.binder import (  # noqa: PLC0415
+        BindConfig,
+        configmap,
+        reservation_pod,
+    )
     from gpu_admission.placement.fractional import (  # noqa: PLC0415
+        NEW_GPU,
         LedgerSource,
         Placer,
         choose,
@@ -62,9 +70,14 @@ def extender_latency(pods: int = 2000, *, mode: str = "ledger") -> None:
         score_fractional,
     )
     from gpu_admission.placement.frag import MILLI, Shape  # noqa: PLC0415
-    from gpu_admission.placement.ledger import Assignment, Ledger  # noqa: PLC0415
+    from gpu_admission.placement.ledger import Ledger  # noqa: PLC0415
     from gpu_admission.placement.requests import NodeRequests  # noqa: PLC0415
     from gpu_admission.policy.model import policy_from_dict  # noqa: PLC0415
+    from gpu_admission.vocab import (  # noqa: PLC0415
+        GPU_CONFIGMAP_ANNOTATION,
+        GPU_MEMORY_ANNOTATION,
+        GPU_UUID_ANNOTATION,
+    )
 
     card = 81920  # MiB
     policy = policy_from_dict({"apiVersion": "gpu-admission.io/v1alpha1",
@@ -90,7 +103,7 @@ def extender_latency(pods: int = 2000, *, mode: str = "ledger") -> None:
     times: dict[str, list[float]] = {"fractional": [], "whole": [], "cpu": []}
     placer = Placer()  # the extender's (create_app makes one per app)
     for i in range(pods):
-        kind = str(rng.choice(["fractional"] * 3 + ["whole", "cpu"]))
+        kind = str(rng.choice(["fractional"] * 3 + ["whole", "cpu"])) if mix else "fractional"
         if mode == "dicts" and kind != "fractional":
             continue
         share = int(rng.choice(shares))
@@ -130,20 +143,29 @@ def extender_latency(pods: int = 2000, *, mode: str = "ledger") -> None:
             continue  # fits nowhere
         spec: dict[str, object] = {"nodeName": best, "containers": [{"resources": {
             "requests": {"cpu": f"{pod[0]}m", "memory": f"{pod[1]}Mi"}}}]}
-        if kind == "fractional":
+        annotations: dict[str, str] = {}
+        if kind == "fractional":  # bind's choice, then what the watch shows once bound
             choice = choose(ledger.view(best), card, share, policy.spec.placement,
                             placer=placer)
             assert choice is not None
-            gpu = choice.gpu_id or ledger.open_gpu(f"r{i}", best)
-            ledger.assume(Assignment("t", f"p{i}", f"u{i}", best, gpu, share))
+            uuid = choice.gpu_id
+            if uuid == NEW_GPU:
+                ledger.open_gpu(f"r{i}", best)
+                uuid = f"GPU-{i}"
+                res = reservation_pod(f"r{i}", best, BindConfig("gpu-admission", "img"), "x")
+                res["metadata"].update({"uid": f"ru{i}", "annotations": {
+                    **res["metadata"].get("annotations", {}), GPU_UUID_ANNOTATION: uuid}})
+                ledger.set_pod(res)
+            ledger.set_configmap(configmap("t", f"cm{i}", f"p{i}", f"u{i}", uuid))
+            annotations = {GPU_MEMORY_ANNOTATION: str(share), GPU_CONFIGMAP_ANNOTATION: f"cm{i}"}
         elif kind == "whole":
             spec["containers"] = [{"resources": {
                 "requests": {"cpu": f"{pod[0]}m", "memory": f"{pod[1]}Mi"},
                 "limits": {"nvidia.com/gpu": str(gpus)}}}]
-        obj = {"metadata": {"name": f"p{i}", "namespace": "t", "uid": f"u{i}"}, "spec": spec,
-               "status": {"phase": "Running"}}
-        if kind != "fractional":
-            ledger.set_pod(obj)
+        obj = {"metadata": {"name": f"p{i}", "namespace": "t", "uid": f"u{i}",
+                            "annotations": annotations},
+               "spec": spec, "status": {"phase": "Running"}}
+        ledger.set_pod(obj)
         requests.set_pod(obj)
     for kind, ts in times.items():
         if not ts:
@@ -157,7 +179,8 @@ def extender_latency(pods: int = 2000, *, mode: str = "ledger") -> None:
 def main() -> None:
     if "--extender" in sys.argv:
         for mode in ("dicts", "ledger"):  # before / after, same process and load
-            extender_latency(mode=mode)
+            extender_latency(mode=mode, mix=False)
+        extender_latency(mode="ledger")  # fractional, whole-GPU and CPU pods
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="42-51")

@@ -50,6 +50,7 @@ from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_MEMORY_ANNOTATION
 NEW_GPU: Final = ""  # Choice.gpu_id of a GPU to open
 #: the learned workload's typical shapes are re-read every this many observed pods
 REFRESH_EVERY: Final = 256
+REASONS_MAX: Final = 100_000  # remembered no-fit texts (one per node and share) before a reset
 
 
 def fractional_share(pod: Mapping[str, Any]) -> int | None:
@@ -372,6 +373,10 @@ class Placer:
     #: again on unchanged arrays: kube-scheduler calls prioritize right after filter
     reuse: bool = True
     last: RankMemo | None = None
+    #: (node, card MiB, share MiB, headroom MiB) -> (the view it was written for, why the
+    #: share does not fit): a full node fails every request alike until it changes
+    reasons: dict[tuple[str, int, int, int], tuple[NodeView, str]] = field(
+        default_factory=dict)
     _typ: Typical | None = None
     _typ_seen: int = -1
     _policy: Policy | None = None
@@ -595,10 +600,21 @@ def filter_share(placer: Placer, req: Request, source: NodeSource, share_mib: in
     fit = np.zeros(len(names), dtype=bool)
     fit[r.rows] = True
     failed: dict[str, str] = {}
+    reasons = placer.reasons
+    if len(reasons) > REASONS_MAX:
+        reasons.clear()
+    head = placement.memory_headroom_mib
     for i in np.flatnonzero(~fit).tolist():
         name, card = names[i], int(req.card[i])
-        failed[name] = (no_fit_reason(source.view(name), card, share_mib, placement) if card
-                        else NOT_IN_POOL)
+        if not card:
+            failed[name] = NOT_IN_POOL
+            continue
+        view = source.view(name)
+        key = (name, card, share_mib, head)
+        hit = reasons.get(key)
+        if hit is None or hit[0] is not view:  # the text of an unchanged node is kept
+            hit = reasons[key] = (view, no_fit_reason(view, card, share_mib, placement))
+        failed[name] = hit[1]
     passed = names if not failed else [names[i] for i in np.flatnonzero(fit).tolist()]
     return FilterResult(list(passed), failed)
 

@@ -338,8 +338,6 @@ def rank(nodes: Nodes, pod: Shape, typ: Typical, cache: FragCache | None = None,
     mem = nodes.mem[cand] - pod.mem_mib
     model = nodes.model[cand]
     total = cache.total[cand]
-    count = cache.count[:, cand]
-    partial = cache.partial[:, cand]
     if pod.gpus > 0 and pod.gpu_milli < MILLI:
         # every (node, card) pair the share fits on, in one flat batch: each shape's card
         # count and partial sum corrected for the one card that changes
@@ -350,8 +348,15 @@ def rank(nodes: Nodes, pod: Shape, typ: Typical, cache: FragCache | None = None,
         ni, ci, gc = ni[first_of], ci[first_of], gc[first_of]
         after_c = gc - pod.gpu_milli
         m = typ.milli[:, None]
-        count_p = count[:, ni] - (gc >= m) + (after_c >= m)
-        partial_p = partial[:, ni] - np.where(gc < m, gc, 0) + np.where(after_c < m, after_c, 0)
+        # the card hosted shape k before (gc >= m) and not after (after_c < m, as
+        # after_c < gc): one card fewer for k, and its remainder a new sliver; a card
+        # already too small for k (gc < m) stays a sliver, share milli-GPU smaller
+        small = gc < m
+        lost = ~small & (after_c < m)
+        rows_p = cand[ni]  # gathered once from the cache, straight to the pairs
+        count_p = cache.count[:, rows_p] - lost
+        partial_p = cache.partial[:, rows_p] + np.where(
+            small, -pod.gpu_milli, np.where(lost, after_c, 0))
         total_p = total[ni] - pod.gpu_milli
         after = _combine(typ, _node_ok(typ, model, cpu, mem)[:, ni], count_p, partial_p,
                          total_p)
@@ -363,6 +368,8 @@ def rank(nodes: Nodes, pod: Shape, typ: Typical, cache: FragCache | None = None,
         pick = order[first]
         return Ranking(cand[ni[pick]], ci[pick], delta_pair[pick], total_p[pick],
                        cpu[ni[pick]])
+    count = cache.count[:, cand]
+    partial = cache.partial[:, cand]
     if pod.gpus > 0:  # whole cards: full cards host every shape, so each shape loses them
         count = count - pod.gpus
         total = total - MILLI * pod.gpus
