@@ -154,3 +154,33 @@ def test_the_watch_source_rereads_only_the_nodes_that_changed() -> None:
     assert np.allclose(got.delta, ref.delta) and got.card.tolist() == ref.card.tolist()
     ledger.replace_pods([])  # a relist: every row is read again when named
     assert source.changed() is None
+
+
+def test_a_new_node_with_more_cards_widens_the_arrays() -> None:
+    """A request naming a node the placer has not seen adds a row (read at once), one with
+    more cards than any before widens every row; the ranking equals a fresh placer's."""
+    ledger = Ledger(NAMESPACE)
+    nodes = [frac_node("n0", gpus=1), frac_node("n1", gpus=2)]
+    ledger.replace_nodes(nodes)
+    objs = {n["metadata"]["name"]: n for n in nodes}
+    pol = policy()
+    placer = Placer()
+    source = LedgerSource(ledger, objs, None)
+    placer.request(["n0", "n1"], source, pol)
+    big = frac_node("n2", gpus=8)
+    objs["n2"] = big
+    ledger.set_node(big)
+    names = ["n2", "n0", "n1"]
+    req = placer.request(names, source, pol)
+    nodes_ = placer.registry.nodes
+    assert nodes_ is not None and nodes_.gpu.shape[1] == 8
+    assert (nodes_.gpu[req.rows] >= 0).sum(axis=1).tolist() == [8, 1, 2]
+    got = rank_share(placer, req, 20000, pol.spec.placement)
+    fresh = Placer()
+    views = {n: ledger.view(n) for n in names}
+    labels = {n: objs[n]["metadata"]["labels"] for n in names}
+    ref_req = fresh.request(names, DictSource(views, labels, None, names), pol)
+    ref = rank_share(fresh, ref_req, 20000, pol.spec.placement)
+    a, b = np.argsort(got.rows), np.argsort(ref.rows)  # positions, in registry row order
+    assert got.rows[a].tolist() == ref.rows[b].tolist()
+    assert np.allclose(got.delta[a], ref.delta[b]) and got.card[a].tolist() == ref.card[b].tolist()
