@@ -213,6 +213,8 @@ class Registry:
     generation: int = 0
     dirty: set[int] = field(default_factory=set)  # rows rewritten since the cache update
     unread: set[int] = field(default_factory=set)  # rows added, not read from a source yet
+    #: (N,) each row's place in node-name order: the ranking's last tie-break
+    name_rank: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     #: the last request's names and rows: kube-scheduler sends the same list again
     last_names: list[str] = field(default_factory=list)
     last_rows: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -251,6 +253,9 @@ class Registry:
         self.nodes = Nodes(list(self.index), [""], np.zeros(total, dtype=np.int64), cpu, mem,
                            gpu)
         self.card = card
+        by_name = sorted(range(total), key=self.nodes.names.__getitem__)
+        self.name_rank = np.empty(total, dtype=np.int64)
+        self.name_rank[by_name] = np.arange(total)
         self.cache = None
         self.unread.update(range(start, total))
 
@@ -449,10 +454,7 @@ class Placer:
                 and len(memo.evaluated) == n and bool(memo.evaluated[rows].all())):
             wanted = np.zeros(n, dtype=bool)
             wanted[rows] = True
-            keep = wanted[memo.ranking.rows]
-            m = memo.ranking
-            return Ranking(m.rows[keep], m.card[keep], m.delta[keep], m.gpu_left[keep],
-                           m.cpu_left[keep])
+            return memo.ranking.take(wanted[memo.ranking.rows])
         r = compute(nodes, cache, rows)
         evaluated = np.zeros(n, dtype=bool)
         evaluated[rows] = True
@@ -460,11 +462,12 @@ class Placer:
         return r
 
 
-def _positions(r: Ranking, rows: IntArray, size: int) -> Ranking:
-    """A ranking in registry rows as positions into ``rows`` (``size``: registry rows)."""
-    position = np.full(size, -1, dtype=np.int64)
+def _positions(r: Ranking, rows: IntArray, reg: Registry) -> Ranking:
+    """A ranking in registry rows as positions into ``rows``, its ties by node name."""
+    position = np.full(len(reg.index), -1, dtype=np.int64)
     position[rows] = np.arange(len(rows))
-    return Ranking(position[r.rows], r.card, r.delta, r.gpu_left, r.cpu_left)
+    return Ranking(position[r.rows], r.card, r.delta, r.gpu_left, r.cpu_left,
+                   reg.name_rank[r.rows])
 
 
 def rank_share(placer: Placer, req: Request, share_mib: int, placement: Placement,
@@ -477,7 +480,7 @@ def rank_share(placer: Placer, req: Request, share_mib: int, placement: Placemen
                       lambda nodes, cache, rows_: _rank_rows(
                           share_mib, reg.card[rows_].tolist(), placement, typ=cache.typ,
                           nodes=nodes, cache=cache, rows_of=rows_, pod=pod))
-    return _positions(r, req.rows, len(reg.index))
+    return _positions(r, req.rows, reg)
 
 
 def rank_pod(placer: Placer, req: Request, shape: Shape) -> Ranking:
@@ -489,7 +492,7 @@ def rank_pod(placer: Placer, req: Request, shape: Shape) -> Ranking:
     r = placer.ranked(("pod", shape), req.rows,
                       lambda nodes, cache, rows_: rank(nodes, shape, cache.typ, cache,
                                                        rows=rows_))
-    return _positions(r, req.rows, len(reg.index))
+    return _positions(r, req.rows, reg)
 
 
 def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
@@ -513,7 +516,7 @@ def rank_fractional(share_mib: int, views: list[NodeView], card_mib: list[int],
                       lambda nodes, cache, rows_: _rank_rows(
                           share_mib, reg.card[rows_].tolist(), placement, typ=cache.typ,
                           nodes=nodes, cache=cache, rows_of=rows_, pod=pod))
-    return _positions(r, rows_of, len(reg.index))
+    return _positions(r, rows_of, reg)
 
 
 def _rank_rows(share_mib: int, card_mib: list[int], placement: Placement, *, typ: Typical,
@@ -620,8 +623,8 @@ def filter_share(placer: Placer, req: Request, source: NodeSource, share_mib: in
 
 
 def spread_scores(r: Ranking) -> IntArray:
-    """0..10 for each entry of the ranking: the entries tied at the top (same fragmentation
-    added, same GPU and CPU left) 10; the others 1..9 by where their fragmentation added
+    """0..10 for each entry of the ranking: its best entry (:meth:`Ranking.order`: the
+    fragmentation level, then best fit, then node name) 10; the others 1..9 by where their fragmentation added
     falls between the best and the worst (never 10, so with the shipped weight
     kube-scheduler's own plugins cannot lift one of them over a best node)."""
     if len(r.rows) == 0:

@@ -34,10 +34,10 @@ Placements:
   workload and the measure counting memory) for every pod of the ``gpu-aware-scheduler``
   profile: fractional, whole-GPU and CPU pods (the webhook routes CPU pods of opted-in
   namespaces there, and the extender entry without ``managedResources`` ranks them). The
-  extender's prioritize gives 10 only to the nodes tied at the top of its ranking, with a
-  weight that outweighs every in-tree plugin, so kube-scheduler lands on one of those (at
-  random among them: they are equal for the measure, so its other scores cannot prefer one
-  for a reason that matters here); bind takes the ranking's card;
+  extender's prioritize gives 10 only to the best node of its ranking (fragmentation level,
+  best fit, node name: :meth:`~gpu_admission.placement.frag.Ranking.order`), with a weight
+  that outweighs every in-tree plugin, so kube-scheduler lands on it; bind takes the
+  ranking's card. Nothing is drawn;
 * ``shipped-cpu-default``: the same, CPU pods on the default scheduler
   (:func:`default_scheduler`): an install whose CPU pods are not routed to the profile.
 """
@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -117,14 +117,17 @@ class Cluster:
     capacity_milli: int
     cpu_cap: np.ndarray[Any, Any]  # (N,) milli-CPU allocatable
     mem_cap: np.ndarray[Any, Any]  # (N,) MiB allocatable
+    name_rank: np.ndarray[Any, Any]  # (N,) each node's place in name order (the last tie)
 
     @classmethod
     def build(cls, specs: Sequence[NodeSpec]) -> Cluster:
         nodes = Nodes.build([n.name for n in specs], [n.model for n in specs],
                             [n.cpu_milli for n in specs], [n.mem_mib for n in specs],
                             [[MILLI] * n.gpus for n in specs])
+        rank = np.empty(len(specs), dtype=np.int64)
+        rank[sorted(range(len(specs)), key=lambda i: specs[i].name)] = np.arange(len(specs))
         return cls(nodes, sum(n.gpus for n in specs) * MILLI, nodes.cpu.copy(),
-                   nodes.mem.copy())
+                   nodes.mem.copy(), rank)
 
     def apply(self, row: int, card: int, pod: Shape) -> None:
         n = self.nodes
@@ -233,7 +236,7 @@ class Fgd:
 @dataclass
 class Shipped:
     """The install's placement: the extender's ranking (learned workload, our measure), its
-    scores spread so only the best get 10, kube-scheduler choosing among those."""
+    scores spread so only the best gets 10, which kube-scheduler therefore takes."""
 
     rng: np.random.Generator
     workload: Workload = field(default_factory=Workload)
@@ -254,10 +257,10 @@ class Shipped:
                                                            OURS))
             self._seen_at = self.workload.seen
         r = rank(n, pod, self.cache.typ, self.cache)
-        best = r.best()
+        best = replace(r, tie=cluster.name_rank[r.rows]).best()
         if len(best) == 0:
             return Decision(-1, -1)
-        i = int(best[self.rng.integers(0, len(best))]) if len(best) > 1 else int(best[0])
+        i = int(best[0])
         return Decision(int(r.rows[i]), int(r.card[i]))
 
     def placed(self, cluster: Cluster, row: int) -> None:

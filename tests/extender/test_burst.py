@@ -233,7 +233,9 @@ async def test_metrics_show_races_cards_and_free_memory(tmp_path: Path) -> None:
         # a bind whose node filled up after its filter: a race
         s.plugin.stall = False
         placed(s, "late", 62000, "n1", "GPU-n1-1")
-        await until(lambda: len(state.kube.ledger.view("n1").open) == 2, "late seen")
+        # late's 62000 MiB on the second card (not c's released reservation still listed)
+        await until(lambda: state.kube.ledger.usage().get("n1", {}).get("GPU-n1-1") == 62000,
+                    "late seen")
         error = (await s.post("bind", binding_args(d, "n1")))["Error"]
         assert "another pod took the memory" in error
         # a's and b's card empties: housekeeping releases it

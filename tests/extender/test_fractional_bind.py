@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 import yaml
@@ -495,6 +496,8 @@ async def test_whole_gpu_and_cpu_pods_agree_with_simulate(tmp_path: Path) -> Non
             scores = {h["Host"]: h["Score"] for h in await s.post(
                 "prioritize-nonfractional", args_with_names(pod_, names))}
             ranking = rank(nodes, shape, app_state.placer.typical())
+            by_name = np.argsort(np.argsort(names))  # the last tie: node name
+            ranking = replace(ranking, tie=by_name[ranking.rows])
             best = {names[int(ranking.rows[i])] for i in ranking.best()}
             assert {n for n, v in scores.items() if v == 10} == best, (shape, scores)
             fits = {names[int(r)] for r in ranking.rows}
