@@ -624,9 +624,9 @@ def filter_share(placer: Placer, req: Request, source: NodeSource, share_mib: in
 
 def spread_scores(r: Ranking) -> IntArray:
     """0..10 for each entry of the ranking: its best entry (:meth:`Ranking.order`: the
-    fragmentation level, then best fit, then node name) 10; the others 1..9 by where their fragmentation added
-    falls between the best and the worst (never 10, so with the shipped weight
-    kube-scheduler's own plugins cannot lift one of them over a best node)."""
+    fragmentation level, then best fit, then node name) 10; the others 1..9 by where their
+    fragmentation added falls between the best and the worst (never 10, so with the shipped
+    weight kube-scheduler's own plugins cannot lift one of them over the best node)."""
     if len(r.rows) == 0:
         return np.zeros(0, dtype=np.int64)
     lo, hi = float(r.delta.min()), float(r.delta.max())
