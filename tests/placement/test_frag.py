@@ -9,9 +9,11 @@ import pytest
 
 from gpu_admission.placement.frag import (
     FGD,
+    LEVEL_MILLI,
     OURS,
     Measure,
     Nodes,
+    Ranking,
     Shape,
     Workload,
     fixed_workload,
@@ -108,3 +110,32 @@ def test_workload_learns_and_forgets() -> None:
     assert w.typical()[0][0] == Shape(2000, 8192, 700, 1)
     assert Shape(6000, 24576, 300, 1) not in {s for s, _ in w.typical()}  # decayed away
     assert prior  # the prior was there before anything was seen
+
+
+def ranking(delta: list[float], gpu_left: list[int], tie: list[int] | None = None) -> Ranking:
+    n = len(delta)
+    return Ranking(np.arange(n), np.full(n, -1), np.array(delta, dtype=np.float64),
+                   np.array(gpu_left), np.zeros(n, dtype=np.int64),
+                   None if tie is None else np.array(tie))
+
+
+@pytest.mark.parametrize("delta, gpu_left, tie, best", [
+    ([0.0, 30.0], [4000, 1000], None, 1),  # one level (100 milli): the fuller node wins
+    ([0.0, 60.0], [4000, 1000], None, 0),  # 60 rounds to the next level: the delta wins
+    ([-49.0, 49.0], [2000, 1000], None, 1),  # -0.49 and 0.49 levels round to 0 alike
+    ([10.0, 20.0, 0.0], [1000, 1000, 1000], None, 0),  # all equal: the first row
+    ([10.0, 20.0, 0.0], [1000, 1000, 1000], [2, 0, 1], 1),  # ... or the first name
+    ([500.0, -300.0, -290.0], [0, 3000, 2000], None, 2),  # best level first, then best fit
+], ids=["level-then-bestfit", "next-level", "rounding", "row-order", "name-order",
+        "level-first"])
+def test_order_levels_then_best_fit_then_name(delta: list[float], gpu_left: list[int],
+                                              tie: list[int] | None, best: int) -> None:
+    """The order the extender and simulate share (:meth:`Ranking.order`): fragmentation
+    added in levels of :data:`LEVEL_MILLI`, then the least GPU left, then node name; one
+    best, never a draw."""
+    r = ranking(delta, gpu_left, tie)
+    assert LEVEL_MILLI == 100
+    assert r.best().tolist() == [best]
+    assert r.order()[0] == best
+    assert sorted(r.order().tolist()) == list(range(len(delta)))
+    assert r.take(r.order()).best().tolist() == [0]
