@@ -14,7 +14,8 @@ violations and declared changes into a frozen :class:`~gpu_admission.decision.De
 Pods without a GPU container only meet the GPU-access guard
 (:mod:`gpu_admission.rules.gpu_access`, Pod CREATE only, after the exemptions): their
 ``Decision`` has ``gpu=False``, no workload or CUDA, and may still carry the guard's patch
-(``NVIDIA_VISIBLE_DEVICES=void``) or its denials. The GPU path runs every rule, the guard included.
+(``NVIDIA_VISIBLE_DEVICES=void``) or its denials, and the GPU-aware scheduler
+(``spec.scheduling.cpuPods``, :func:`gpu_admission.rules.scheduler.cpu_pod_scheduler`). The GPU path runs every rule, the guard included.
 
 A ``pods/ephemeralcontainers`` UPDATE (``kubectl debug``) meets only the guard, for the ephemeral
 containers it adds (:func:`_ephemeral`); other subresources are not the engine's.
@@ -58,6 +59,7 @@ from gpu_admission.rules.dra import unknown_message
 from gpu_admission.rules.gpu_access import EPHEMERAL_KIND, EPHEMERAL_SUBRESOURCE, guard
 from gpu_admission.rules.other_systems import RULE as OTHER_RULE
 from gpu_admission.rules.other_systems import undeclared_message
+from gpu_admission.rules.scheduler import cpu_pod_scheduler
 from gpu_admission.sharing_systems import (
     HAMI_RESOURCES,
     KAI_ANNOTATIONS,
@@ -664,8 +666,9 @@ def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mappi
 def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any],
              facts: RequestFacts, compiled: Compiled, *, other: OtherGpu | None = None
              ) -> Decision:
-    """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt;
-    plus rule ``other-sharing-system`` when it asks an undeclared system for a GPU (it is
+    """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt, and
+    the GPU-aware scheduler when ``spec.scheduling.cpuPods`` routes it
+    (:func:`gpu_admission.rules.scheduler.cpu_pod_scheduler`); plus rule ``other-sharing-system`` when it asks an undeclared system for a GPU (it is
     voided like any pod without a GPU, never silently)."""
     if facts.operation != "CREATE":
         return _ALLOWED
@@ -674,6 +677,10 @@ def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str,
         return Decision(allowed=True, exempt=exempt)
     builder = PatchBuilder(pod) if facts.stage == "mutate" else None
     violations: list[Violation] = []
+    if builder is not None and other is None:  # another system's pod: its own scheduler
+        target = cpu_pod_scheduler(spec, meta, compiled.cpu_scheduler)
+        if target is not None:
+            builder.set_scheduler_name(target)
     guard(spec, frozenset(), compiled.modes, builder, violations)
     if other is not None:  # after the guard, as in the rule order
         mode = compiled.modes[OTHER_RULE]

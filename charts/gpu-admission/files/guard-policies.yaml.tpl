@@ -63,8 +63,12 @@ spec:
 {{- end }}
   - name: not-already-clean
     expression: |-
-      !((!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))))
+      !((!has(object.spec.containers) || object.spec.containers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.initContainers) || object.spec.initContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"])))) && (!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.all(c, has(c.env) && [c.env.filter(e, has(e.name) && e.name == "NVIDIA_VISIBLE_DEVICES")].all(l, size(l) > 0 && l.all(e, has(e.value) && !has(e.valueFrom) && e.value in ["none", "void"]))))) || (request.operation == "CREATE" && ({{ include "gpu-admission.guard.cpuScheduler" . | toJson }} != "" && (has(object.spec.schedulerName) ? object.spec.schedulerName : "") in ["", "default-scheduler"] && (has(object.spec.schedulerName) ? object.spec.schedulerName : "") != {{ include "gpu-admission.guard.cpuScheduler" . | toJson }} && !(has(object.spec.nodeName) && object.spec.nodeName != "") && !(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.kind) && r.kind == "DaemonSet"))))
   variables:
+  - name: schedulerOp
+    expression: |-
+      // rules/scheduler.cpu_pod_scheduler: a CPU pod CREATE goes to the GPU-aware scheduler
+      request.operation == "CREATE" && (({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}) != "" && (has(object.spec.schedulerName) ? object.spec.schedulerName : "") in ["", "default-scheduler"] && (has(object.spec.schedulerName) ? object.spec.schedulerName : "") != ({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}) && !(has(object.spec.nodeName) && object.spec.nodeName != "") && !(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.kind) && r.kind == "DaemonSet")))
   - name: ephemeral
     expression: |-
       // kubectl debug (pods/ephemeralcontainers UPDATE): only the guard, for the ephemeral containers it adds
@@ -104,10 +108,6 @@ spec:
   - name: mutatedBefore
     expression: |-
       has(object.metadata.annotations) && "gpu-admission.io/mutated" in object.metadata.annotations ? object.metadata.annotations["gpu-admission.io/mutated"] : ""
-  - name: mutatedValue
-    expression: |-
-      // engine._annotation_value: the env kind merged with the old value
-      (["env"] + variables.mutatedBefore.split(",").filter(k, k != "")).distinct().sort().join(",")
   - name: simple
     expression: |-
       // a pod CREATE without hostPath and without any NVIDIA_VISIBLE_DEVICES entry, isolation enforced: every container gets void, nothing else can be found
@@ -116,14 +116,22 @@ spec:
     expression: |-
       // the simple pod's void upserts
       (has(object.spec.containers) ? lists.range(size(object.spec.containers)).map(i, has(object.spec.containers[i].env) ? {"op": dyn("add"), "path": dyn("/spec/containers/" + string(i) + "/env" + "/-"), "value": dyn({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})} : {"op": dyn("add"), "path": dyn("/spec/containers/" + string(i) + "/env"), "value": dyn([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])}) : []) + (has(object.spec.initContainers) ? lists.range(size(object.spec.initContainers)).map(i, has(object.spec.initContainers[i].env) ? {"op": dyn("add"), "path": dyn("/spec/initContainers/" + string(i) + "/env" + "/-"), "value": dyn({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})} : {"op": dyn("add"), "path": dyn("/spec/initContainers/" + string(i) + "/env"), "value": dyn([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])}) : [])
+  - name: voidOps
+    expression: |-
+      // the void upserts (the simple pod's, else the guard's analysis)
+      variables.simple ? variables.simpleOps : variables.guardOps
+  - name: mutatedValue
+    expression: |-
+      // engine._annotation_value: the kinds changed merged with the old value
+      ((size(variables.voidOps) > 0 ? ["env"] : []) + (variables.schedulerOp ? ["schedulerName"] : []) + variables.mutatedBefore.split(",").filter(k, k != "")).distinct().sort().join(",")
   - name: patch
     expression: |-
-      // the void upserts and the gpu-admission.io/mutated annotation (none on an ephemeral-container UPDATE: the subresource keeps only the containers); nothing when an enforce-mode guard rule denies
-      (!variables.simple && size(variables.denials) > 0) || size((variables.simple ? variables.simpleOps : variables.guardOps)) == 0 ? []
-        : !variables.simple && variables.ephemeral ? (variables.simple ? variables.simpleOps : variables.guardOps)
-        : !has(object.metadata.annotations) ? (variables.simple ? variables.simpleOps : variables.guardOps) + [{"op": dyn("add"), "path": dyn("/metadata/annotations"), "value": dyn({"gpu-admission.io/mutated": "env"})}]
-        : variables.mutatedValue != variables.mutatedBefore || !("gpu-admission.io/mutated" in object.metadata.annotations) ? (variables.simple ? variables.simpleOps : variables.guardOps) + [{"op": dyn("add"), "path": dyn("/metadata/annotations/gpu-admission.io~1mutated"), "value": dyn(variables.mutatedValue)}]
-        : (variables.simple ? variables.simpleOps : variables.guardOps)
+      // the scheduler (CPU pods, spec.scheduling.cpuPods), the void upserts and the gpu-admission.io/mutated annotation (none on an ephemeral-container UPDATE: the subresource keeps only the containers); nothing when an enforce-mode guard rule denies
+      (!variables.simple && size(variables.denials) > 0) || size(((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + variables.voidOps)) == 0 ? []
+        : !variables.simple && variables.ephemeral ? ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + variables.voidOps)
+        : !has(object.metadata.annotations) ? ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + variables.voidOps) + [{"op": dyn("add"), "path": dyn("/metadata/annotations"), "value": dyn({"gpu-admission.io/mutated": variables.mutatedValue})}]
+        : variables.mutatedValue != variables.mutatedBefore || !("gpu-admission.io/mutated" in object.metadata.annotations) ? ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + variables.voidOps) + [{"op": dyn("add"), "path": dyn("/metadata/annotations/gpu-admission.io~1mutated"), "value": dyn(variables.mutatedValue)}]
+        : ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + variables.voidOps)
   mutations:
   - patchType: JSONPatch
     jsonPatch:
