@@ -152,7 +152,8 @@ def test_the_builtin_policy_routes_cpu_pods() -> None:
     assert policy_from_dict(doc).spec.scheduling.cpu_pods == "gpu-aware"  # the model default
 
 
-def test_evaluate_cli_routes_a_cpu_deployment_and_keeps_a_daemonset(tmp_path: Path) -> None:
+def evaluate_cpu_workloads(tmp_path: Path, *options: str) -> list[dict[str, Any]]:
+    """``gpu-admission evaluate [options] -o json`` on a CPU Deployment and a DaemonSet."""
     template = {"metadata": {"labels": {"app": "web"}},
                 "spec": {"containers": [cpu(env=[VOID])]}}
     docs = [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
@@ -161,11 +162,15 @@ def test_evaluate_cli_routes_a_cpu_deployment_and_keeps_a_daemonset(tmp_path: Pa
              "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": template}}]
     manifests = tmp_path / "cpu.yaml"
     manifests.write_text(yaml.safe_dump_all(docs))
-    proc = subprocess.run([sys.executable, "-m", "gpu_admission", "evaluate", "-f",
+    proc = subprocess.run([sys.executable, "-m", "gpu_admission", "evaluate", *options, "-f",
                            str(manifests), "-o", "json"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    deployment, daemonset = (orjson.loads(line) for line in proc.stdout.splitlines())
+    return [orjson.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_evaluate_cli_routes_a_cpu_deployment_and_keeps_a_daemonset(tmp_path: Path) -> None:
+    deployment, daemonset = evaluate_cpu_workloads(tmp_path)
     assert deployment["patch"] == list(routed())
     assert daemonset["patch"] == []
 

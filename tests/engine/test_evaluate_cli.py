@@ -105,7 +105,9 @@ def test_text_output() -> None:
                for line in lines)
     assert any(line.startswith("  enforce [no-training-on-shared-gpu] spec.nodeSelector")
                for line in lines)
-    assert "  not a GPU pod: GPU-access guard only" in lines
+    # changed on purpose (issue 32): the CPU pod is also routed (spec.scheduling.cpuPods)
+    assert ("  not a GPU pod: GPU-access guard and the GPU-aware scheduler "
+            "(spec.scheduling.cpuPods)") in lines
     assert ('    add /spec/containers/0/env [{"name":"NVIDIA_VISIBLE_DEVICES","value":"void"}]'
             in lines)
 
