@@ -15,7 +15,8 @@ Pods without a GPU container only meet the GPU-access guard
 (:mod:`gpu_admission.rules.gpu_access`, Pod CREATE only, after the exemptions): their
 ``Decision`` has ``gpu=False``, no workload or CUDA, and may still carry the guard's patch
 (``NVIDIA_VISIBLE_DEVICES=void``) or its denials, and the GPU-aware scheduler
-(``spec.scheduling.cpuPods``, :func:`gpu_admission.rules.scheduler.cpu_pod_scheduler`). The GPU path runs every rule, the guard included.
+(``spec.scheduling.cpuPods``, :func:`gpu_admission.rules.scheduler.cpu_pod_scheduler`). The
+GPU path runs every rule, the guard included.
 
 A ``pods/ephemeralcontainers`` UPDATE (``kubectl debug``) meets only the guard, for the ephemeral
 containers it adds (:func:`_ephemeral`); other subresources are not the engine's.
@@ -668,8 +669,9 @@ def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str,
              ) -> Decision:
     """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt, and
     the GPU-aware scheduler when ``spec.scheduling.cpuPods`` routes it
-    (:func:`gpu_admission.rules.scheduler.cpu_pod_scheduler`); plus rule ``other-sharing-system`` when it asks an undeclared system for a GPU (it is
-    voided like any pod without a GPU, never silently)."""
+    (:func:`gpu_admission.rules.scheduler.cpu_pod_scheduler`); plus rule
+    ``other-sharing-system`` when it asks an undeclared system for a GPU (it is voided like
+    any pod without a GPU, never silently)."""
     if facts.operation != "CREATE":
         return _ALLOWED
     exempt = exemption(facts, compiled)
