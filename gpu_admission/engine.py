@@ -493,15 +493,16 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     systems = compiled.other_systems
     if nodes is not None and not systems:  # found in the cluster; a declared list overrides
         systems = found_systems(nodes.systems, spec)
-    other = (analyse_other(pod, spec, systems)
-             if hami or (annotations.__class__ is dict
-                         and not _KAI_KEYS.isdisjoint(annotations)) else None)
+    # another sharing system's pod by its names (KAI's annotations, HAMi's resources, at any
+    # quantity): the compiled split's test (compile.rules.other_systems.other_system_pods)
+    foreign = hami or (annotations.__class__ is dict and not _KAI_KEYS.isdisjoint(annotations))
+    other = analyse_other(pod, spec, systems) if foreign else None
     if other is not None:
         gcs = _with_other(gcs, other, spec)
     if not gcs:
         if dra_pod is not None and dra_pod.unresolved:
             return _dra_unresolved(pod, spec, meta, facts=facts, policy=policy, dra_pod=dra_pod)
-        return _non_gpu(pod, spec, meta, facts, compiled, other=other)
+        return _non_gpu(pod, spec, meta, facts, compiled, other=other, foreign=foreign)
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
     workload, workload_reason, bad_label = classify(
@@ -665,13 +666,14 @@ def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mappi
 
 
 def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any],
-             facts: RequestFacts, compiled: Compiled, *, other: OtherGpu | None = None
-             ) -> Decision:
+             facts: RequestFacts, compiled: Compiled, *, other: OtherGpu | None = None,
+             foreign: bool = False) -> Decision:
     """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt, and
     the GPU-aware scheduler when ``spec.scheduling.cpuPods`` routes it
     (:func:`gpu_admission.rules.scheduler.cpu_pod_scheduler`); plus rule
     ``other-sharing-system`` when it asks an undeclared system for a GPU (it is voided like
-    any pod without a GPU, never silently)."""
+    any pod without a GPU, never silently). ``foreign``: the pod names another sharing
+    system (KAI's annotations, HAMi's resources, any quantity): it keeps its scheduler."""
     if facts.operation != "CREATE":
         return _ALLOWED
     exempt = exemption(facts, compiled)
@@ -679,7 +681,7 @@ def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str,
         return Decision(allowed=True, exempt=exempt)
     builder = PatchBuilder(pod) if facts.stage == "mutate" else None
     violations: list[Violation] = []
-    if builder is not None and other is None:  # another system's pod: its own scheduler
+    if builder is not None and not foreign:  # another system's pod: its own scheduler
         target = cpu_pod_scheduler(spec, meta, compiled.cpu_scheduler)
         if target is not None:
             builder.set_scheduler_name(target)

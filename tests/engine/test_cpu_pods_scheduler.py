@@ -78,6 +78,8 @@ TABLE: list[tuple[str, dict[str, Any], dict[str, Any], tuple[dict[str, Any], ...
     ("zero-gpu-request-is-a-cpu-pod", clean_cpu_pod(containers=[make_container(
         "app", BUSYBOX, gpu=0, env=[VOID])]), {}, routed()),
     ("other-sharing-system-pod-untouched", KAI_POD, {}, ()),
+    ("hami-resource-at-zero-untouched", clean_cpu_pod(containers=[make_container(
+        "app", BUSYBOX, resource="nvidia.com/gpumem", gpu=0, env=[VOID])]), {}, ()),
     ("with-void-upsert", make_pod("web", containers=[cpu()]), {},
      (SCHEDULER, {"op": "add", "path": "/spec/containers/0/env", "value": [VOID]},
       {"op": "add", "path": "/metadata/annotations",
