@@ -198,23 +198,26 @@ def _program(policy: Policy, modes_literal: str, cpu_scheduler: str) -> Program:
     prog.add("mutatedBefore", f"has({ann}) && {key} in {ann} ? {ann}[{key}] : \"\"")
     _simple_pod(prog, modes_literal)
     simple = var("simple")
-    # the void upserts: the direct ones for a simple pod, else the guard's analysis
-    prog.add("voidOps", f"{simple} ? {var('simpleOps')} : {var('guardOps')}",
-             "the void upserts (the simple pod's, else the guard's analysis)")
+    # the void upserts: the direct ones for a simple pod, else the guard's analysis (inline:
+    # one variable less to evaluate; each side is a variable, computed once)
+    voids = f"({simple} ? {var('simpleOps')} : {var('guardOps')})"
+    sched = var("schedulerOp")
     prog.add("mutatedValue",
-             f'((size({var("voidOps")}) > 0 ? ["env"] : []) + '
-             f'({var("schedulerOp")} ? ["schedulerName"] : []) + '
+             f'((size({voids}) > 0 ? ["env"] : []) + ({sched} ? ["schedulerName"] : []) + '
              f'{var("mutatedBefore")}.split(",").filter(k, k != ""))'
              '.distinct().sort().join(",")',
              "engine._annotation_value: the kinds changed merged with the old value")
+    # without annotations the merged value is the kinds alone: no variable to evaluate
+    kinds_only = (f'({sched} ? (size({voids}) > 0 ? {lit("env,schedulerName")} : '
+                  f'{lit("schedulerName")}) : {lit("env")})')
     add_map = rec(op=lit("add"), path=lit("/metadata/annotations"),
-                  value="{" + key + ": " + var("mutatedValue") + "}")
+                  value="{" + key + ": " + kinds_only + "}")
     add_key = rec(op=lit("add"), path=lit("/metadata/annotations/" + escape(MUTATED_ANNOTATION)),
                   value=var("mutatedValue"))
     set_scheduler = rec(op=lit("add"), path=lit("/spec/schedulerName"),
                         value=var("cpuScheduler"))
     # PatchBuilder.ops() order: the scheduler, then the env upserts
-    ops = f"(({var('schedulerOp')} ? [{set_scheduler}] : []) + {var('voidOps')})"
+    ops = f"(({sched} ? [{set_scheduler}] : []) + {voids})"
     prog.add("patch",
              f"(!{simple} && size({var('denials')}) > 0) || size({ops}) == 0 ? []\n"
              f"  : !{simple} && {var('ephemeral')} ? {ops}\n"

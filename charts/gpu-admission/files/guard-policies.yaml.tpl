@@ -116,22 +116,18 @@ spec:
     expression: |-
       // the simple pod's void upserts
       (has(object.spec.containers) ? lists.range(size(object.spec.containers)).map(i, has(object.spec.containers[i].env) ? {"op": dyn("add"), "path": dyn("/spec/containers/" + string(i) + "/env" + "/-"), "value": dyn({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})} : {"op": dyn("add"), "path": dyn("/spec/containers/" + string(i) + "/env"), "value": dyn([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])}) : []) + (has(object.spec.initContainers) ? lists.range(size(object.spec.initContainers)).map(i, has(object.spec.initContainers[i].env) ? {"op": dyn("add"), "path": dyn("/spec/initContainers/" + string(i) + "/env" + "/-"), "value": dyn({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})} : {"op": dyn("add"), "path": dyn("/spec/initContainers/" + string(i) + "/env"), "value": dyn([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])}) : [])
-  - name: voidOps
-    expression: |-
-      // the void upserts (the simple pod's, else the guard's analysis)
-      variables.simple ? variables.simpleOps : variables.guardOps
   - name: mutatedValue
     expression: |-
       // engine._annotation_value: the kinds changed merged with the old value
-      ((size(variables.voidOps) > 0 ? ["env"] : []) + (variables.schedulerOp ? ["schedulerName"] : []) + variables.mutatedBefore.split(",").filter(k, k != "")).distinct().sort().join(",")
+      ((size((variables.simple ? variables.simpleOps : variables.guardOps)) > 0 ? ["env"] : []) + (variables.schedulerOp ? ["schedulerName"] : []) + variables.mutatedBefore.split(",").filter(k, k != "")).distinct().sort().join(",")
   - name: patch
     expression: |-
       // the scheduler (CPU pods, spec.scheduling.cpuPods), the void upserts and the gpu-admission.io/mutated annotation (none on an ephemeral-container UPDATE: the subresource keeps only the containers); nothing when an enforce-mode guard rule denies
-      (!variables.simple && size(variables.denials) > 0) || size(((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + variables.voidOps)) == 0 ? []
-        : !variables.simple && variables.ephemeral ? ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + variables.voidOps)
-        : !has(object.metadata.annotations) ? ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + variables.voidOps) + [{"op": dyn("add"), "path": dyn("/metadata/annotations"), "value": dyn({"gpu-admission.io/mutated": variables.mutatedValue})}]
-        : variables.mutatedValue != variables.mutatedBefore || !("gpu-admission.io/mutated" in object.metadata.annotations) ? ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + variables.voidOps) + [{"op": dyn("add"), "path": dyn("/metadata/annotations/gpu-admission.io~1mutated"), "value": dyn(variables.mutatedValue)}]
-        : ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + variables.voidOps)
+      (!variables.simple && size(variables.denials) > 0) || size(((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + (variables.simple ? variables.simpleOps : variables.guardOps))) == 0 ? []
+        : !variables.simple && variables.ephemeral ? ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + (variables.simple ? variables.simpleOps : variables.guardOps))
+        : !has(object.metadata.annotations) ? ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + (variables.simple ? variables.simpleOps : variables.guardOps)) + [{"op": dyn("add"), "path": dyn("/metadata/annotations"), "value": dyn({"gpu-admission.io/mutated": (variables.schedulerOp ? (size((variables.simple ? variables.simpleOps : variables.guardOps)) > 0 ? "env,schedulerName" : "schedulerName") : "env")})}]
+        : variables.mutatedValue != variables.mutatedBefore || !("gpu-admission.io/mutated" in object.metadata.annotations) ? ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + (variables.simple ? variables.simpleOps : variables.guardOps)) + [{"op": dyn("add"), "path": dyn("/metadata/annotations/gpu-admission.io~1mutated"), "value": dyn(variables.mutatedValue)}]
+        : ((variables.schedulerOp ? [{"op": dyn("add"), "path": dyn("/spec/schedulerName"), "value": dyn(({{ include "gpu-admission.guard.cpuScheduler" . | toJson }}))}] : []) + (variables.simple ? variables.simpleOps : variables.guardOps))
   mutations:
   - patchType: JSONPatch
     jsonPatch:
