@@ -19,10 +19,12 @@ and skipped (a ``matchCondition``) when every container already says ``void``/``
 hostPath is mounted (what the mutating policy leaves on a CPU pod); the deny policy, which
 also carries the audit annotations, answers such a pod from that one test.
 
-Everything the policy decides enters through four values, so the Helm chart can render the same
+Everything the policy decides enters through five values, so the Helm chart can render the same
 objects from its policy values (:func:`render_guard` with ``helm=True`` writes the chart's
 ``files/guard-policies.yaml.tpl``): the three rules' modes (a CEL map literal, JSON as Helm's
-``toJson`` writes it), the excluded namespaces, the exempt users and groups, and the
+``toJson`` writes it), the excluded namespaces, the exempt users and groups, the scheduler CPU
+pods are sent to (``spec.scheduling.cpuPods``, issue 32: the mutating policy also sets
+``schedulerName`` on a CPU pod, as the engine's ``_non_gpu`` does), and the
 ``gpu-admission.io/guard-digest`` annotation (sha256 of the canonical JSON of those inputs,
 :func:`guard_inputs`), which ``gpu-admission compile --guard --check`` compares with live objects.
 """
@@ -322,7 +324,9 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
         _binding("MutatingAdmissionPolicy", MAP_NAME, digest, None)]
     comments = ["The GPU-access guard for pods without a GPU or DRA resource (the webhook "
                 "decides those): NVIDIA_VISIBLE_DEVICES=void on every container that lacks it, "
-                "on CREATE and for ephemeral containers kubectl debug adds.",
+                "on CREATE and for ephemeral containers kubectl debug adds; on CREATE, "
+                "spec.schedulerName for the pods spec.scheduling.cpuPods sends to the GPU-aware "
+                "scheduler.",
                 "Binds the guard's mutating policy."]
     # A pod the mutating policy left clean (every container void/none, no hostPath) has no
     # finding: the warn and audit policies skip it with one cheap condition, the deny policy
