@@ -14,7 +14,9 @@ violations and declared changes into a frozen :class:`~gpu_admission.decision.De
 Pods without a GPU container only meet the GPU-access guard
 (:mod:`gpu_admission.rules.gpu_access`, Pod CREATE only, after the exemptions): their
 ``Decision`` has ``gpu=False``, no workload or CUDA, and may still carry the guard's patch
-(``NVIDIA_VISIBLE_DEVICES=void``) or its denials. The GPU path runs every rule, the guard included.
+(``NVIDIA_VISIBLE_DEVICES=void``) or its denials, and the GPU-aware scheduler
+(``spec.scheduling.cpuPods``, :func:`gpu_admission.rules.scheduler.cpu_pod_scheduler`). The
+GPU path runs every rule, the guard included.
 
 A ``pods/ephemeralcontainers`` UPDATE (``kubectl debug``) meets only the guard, for the ephemeral
 containers it adds (:func:`_ephemeral`); other subresources are not the engine's.
@@ -58,6 +60,7 @@ from gpu_admission.rules.dra import unknown_message
 from gpu_admission.rules.gpu_access import EPHEMERAL_KIND, EPHEMERAL_SUBRESOURCE, guard
 from gpu_admission.rules.other_systems import RULE as OTHER_RULE
 from gpu_admission.rules.other_systems import undeclared_message
+from gpu_admission.rules.scheduler import cpu_pod_scheduler
 from gpu_admission.sharing_systems import (
     HAMI_RESOURCES,
     KAI_ANNOTATIONS,
@@ -490,15 +493,16 @@ def evaluate(pod: Mapping[str, Any], facts: RequestFacts, policy: Policy,
     systems = compiled.other_systems
     if nodes is not None and not systems:  # found in the cluster; a declared list overrides
         systems = found_systems(nodes.systems, spec)
-    other = (analyse_other(pod, spec, systems)
-             if hami or (annotations.__class__ is dict
-                         and not _KAI_KEYS.isdisjoint(annotations)) else None)
+    # another sharing system's pod by its names (KAI's annotations, HAMi's resources, at any
+    # quantity): the compiled split's test (compile.rules.other_systems.other_system_pods)
+    foreign = hami or (annotations.__class__ is dict and not _KAI_KEYS.isdisjoint(annotations))
+    other = analyse_other(pod, spec, systems) if foreign else None
     if other is not None:
         gcs = _with_other(gcs, other, spec)
     if not gcs:
         if dra_pod is not None and dra_pod.unresolved:
             return _dra_unresolved(pod, spec, meta, facts=facts, policy=policy, dra_pod=dra_pod)
-        return _non_gpu(pod, spec, meta, facts, compiled, other=other)
+        return _non_gpu(pod, spec, meta, facts, compiled, other=other, foreign=foreign)
     labels = meta.get("labels")
     labels = labels if isinstance(labels, dict) else _EMPTY
     workload, workload_reason, bad_label = classify(
@@ -662,11 +666,14 @@ def _dra_unresolved(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mappi
 
 
 def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str, Any],
-             facts: RequestFacts, compiled: Compiled, *, other: OtherGpu | None = None
-             ) -> Decision:
-    """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt;
-    plus rule ``other-sharing-system`` when it asks an undeclared system for a GPU (it is
-    voided like any pod without a GPU, never silently)."""
+             facts: RequestFacts, compiled: Compiled, *, other: OtherGpu | None = None,
+             foreign: bool = False) -> Decision:
+    """A pod without GPU containers: only the GPU-access guard, on CREATE, unless exempt, and
+    the GPU-aware scheduler when ``spec.scheduling.cpuPods`` routes it
+    (:func:`gpu_admission.rules.scheduler.cpu_pod_scheduler`); plus rule
+    ``other-sharing-system`` when it asks an undeclared system for a GPU (it is voided like
+    any pod without a GPU, never silently). ``foreign``: the pod names another sharing
+    system (KAI's annotations, HAMi's resources, any quantity): it keeps its scheduler."""
     if facts.operation != "CREATE":
         return _ALLOWED
     exempt = exemption(facts, compiled)
@@ -674,6 +681,10 @@ def _non_gpu(pod: Mapping[str, Any], spec: Mapping[str, Any], meta: Mapping[str,
         return Decision(allowed=True, exempt=exempt)
     builder = PatchBuilder(pod) if facts.stage == "mutate" else None
     violations: list[Violation] = []
+    if builder is not None and not foreign:  # another system's pod: its own scheduler
+        target = cpu_pod_scheduler(spec, meta, compiled.cpu_scheduler)
+        if target is not None:
+            builder.set_scheduler_name(target)
     guard(spec, frozenset(), compiled.modes, builder, violations)
     if other is not None:  # after the guard, as in the rule order
         mode = compiled.modes[OTHER_RULE]

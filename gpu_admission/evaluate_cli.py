@@ -117,11 +117,15 @@ def _text(result: dict[str, Any], label: str) -> str:
     if result["exempt"]:
         lines.append(f"  exempt: {result['exempt']}")
     if not result["gpu"]:
-        # Only the GPU-access guard applies (NVIDIA_VISIBLE_DEVICES=void, its denials).
+        # Only the GPU-access guard applies (NVIDIA_VISIBLE_DEVICES=void, its denials), and
+        # the GPU-aware scheduler for CPU pods (spec.scheduling.cpuPods).
         if not (result["violations"] or result["patch"]):
             lines.append("  not a GPU pod: nothing to do")
             return "\n".join(lines)
-        lines.append("  not a GPU pod: GPU-access guard only")
+        routed = "spec.schedulerName" in result["changes"]
+        lines.append("  not a GPU pod: GPU-access guard"
+                     + (" and the GPU-aware scheduler (spec.scheduling.cpuPods)" if routed
+                        else " only"))
     else:
         if result.get("runtime"):
             lines.append(f"  runtime: {result['runtime']}")

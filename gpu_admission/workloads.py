@@ -273,8 +273,12 @@ def pod_templates(obj: Any, namespace: str | None = None,
         return embedded(obj, _require_dict(spec, "spec"), ns, catalog or RuntimeCatalog())
     if kind in TEMPLATE_KINDS and group in ("", "apps", "extensions"):
         spec = _require_dict(spec, "spec")
+        # A DaemonSet owns its pods itself (the webhook sees that owner: its pods keep the
+        # default scheduler, rules/scheduler.cpu_pod_scheduler); the others' owner is another
+        # object (a Deployment's pods belong to a ReplicaSet) and decides nothing.
         return [_pod_from_template(obj, spec.get("template"), pointer="/spec/template",
-                                   field="spec.template", suffix="", namespace=ns, owner=False)]
+                                   field="spec.template", suffix="", namespace=ns,
+                                   owner=kind == "DaemonSet")]
     if kind == "Job" and group in ("batch", ""):  # "": no apiVersion written
         spec = _require_dict(spec, "spec")
         return [_pod_from_template(obj, spec.get("template"), pointer="/spec/template",

@@ -19,10 +19,12 @@ and skipped (a ``matchCondition``) when every container already says ``void``/``
 hostPath is mounted (what the mutating policy leaves on a CPU pod); the deny policy, which
 also carries the audit annotations, answers such a pod from that one test.
 
-Everything the policy decides enters through four values, so the Helm chart can render the same
+Everything the policy decides enters through five values, so the Helm chart can render the same
 objects from its policy values (:func:`render_guard` with ``helm=True`` writes the chart's
 ``files/guard-policies.yaml.tpl``): the three rules' modes (a CEL map literal, JSON as Helm's
-``toJson`` writes it), the excluded namespaces, the exempt users and groups, and the
+``toJson`` writes it), the excluded namespaces, the exempt users and groups, the scheduler CPU
+pods are sent to (``spec.scheduling.cpuPods``, issue 32: the mutating policy also sets
+``schedulerName`` on a CPU pod, as the engine's ``_non_gpu`` does), and the
 ``gpu-admission.io/guard-digest`` annotation (sha256 of the canonical JSON of those inputs,
 :func:`guard_inputs`), which ``gpu-admission compile --guard --check`` compares with live objects.
 """
@@ -39,8 +41,14 @@ from gpu_admission.decision import Mode
 from gpu_admission.patch import escape
 from gpu_admission.policy.model import Policy
 from gpu_admission.rules import gpu_access
+from gpu_admission.rules.scheduler import DAEMONSET_KIND
 from gpu_admission.sharing_systems import HAMI_RESOURCES, KAI_ANNOTATIONS
-from gpu_admission.vocab import GPU_MEMORY_RESOURCE, MUTATED_ANNOTATION, NAMESPACE_OPT_IN_LABEL
+from gpu_admission.vocab import (
+    DEFAULT_SCHEDULER,
+    GPU_MEMORY_RESOURCE,
+    MUTATED_ANNOTATION,
+    NAMESPACE_OPT_IN_LABEL,
+)
 
 from .cel import lit, rec, srec, var
 from .compiler import (
@@ -62,6 +70,7 @@ from .compiler import (
     violations_validation,
 )
 from .rules.gpu_access import GuardUnit
+from .rules.scheduler import cpu_route
 from .units import Program
 
 GUARD_RULES = (gpu_access.ISOLATION, gpu_access.VISIBLE_DEVICES, gpu_access.DEVICE_HOSTPATH)
@@ -75,6 +84,7 @@ HELM_USERS = "GUARD_EXEMPT_USERS_JSON"
 HELM_GROUPS = "GUARD_EXEMPT_GROUPS_JSON"
 HELM_NAMESPACES = "GUARD_EXCLUDED_NAMESPACES"
 HELM_DIGEST = "GUARD_DIGEST"
+HELM_CPU_SCHEDULER = "GUARD_CPU_SCHEDULER_JSON"
 HELM_OPT_IN_KEY = "GUARD_OPT_IN_KEY"
 HELM_OPT_IN_VALUE = "GUARD_OPT_IN_VALUE"
 #: The chart renders the guard's warn (audit) policy and binding only when a guard rule is in
@@ -93,6 +103,7 @@ HELM_INCLUDES = {
     HELM_GROUPS: '{{ include "gpu-admission.guard.groups" . }}',
     HELM_NAMESPACES: '{{ include "gpu-admission.guard.excludedNamespaces" . }}',
     HELM_DIGEST: '{{ include "gpu-admission.guard.digest" . }}',
+    HELM_CPU_SCHEDULER: '{{ include "gpu-admission.guard.cpuScheduler" . | toJson }}',
 }
 
 _NVIDIA_NAMES = sorted(["nvidia.com/gpu", "nvidia.com/gpu.shared", *HAMI_RESOURCES])
@@ -137,12 +148,14 @@ def gpu_or_dra_pod() -> str:
 
 
 def guard_inputs(policy: Policy) -> dict[str, Any]:
-    """What the guard half depends on: the three rules' modes, the exemptions, and the
-    namespaces never matched. Its canonical JSON (sorted keys, no spaces: Helm's ``toJson``)
+    """What the guard half depends on: the three rules' modes, the exemptions, the
+    namespaces never matched, and the scheduler pods without a GPU get (``spec.scheduling.
+    cpuPods``; "" for none). Its canonical JSON (sorted keys, no spaces: Helm's ``toJson``)
     hashes to the guard digest."""
     modes = policy.compiled.modes
     exemptions = policy.spec.exemptions
-    return {"modes": {rule: str(modes[rule]) for rule in sorted(GUARD_RULES)},
+    return {"cpuScheduler": policy.compiled.cpu_scheduler or "",
+            "modes": {rule: str(modes[rule]) for rule in sorted(GUARD_RULES)},
             "excludedNamespaces": sorted(set(ALWAYS_EXCLUDED) | set(exemptions.namespaces)),
             "users": sorted(set(exemptions.users)), "groups": sorted(set(exemptions.groups))}
 
@@ -162,12 +175,18 @@ def _metadata(name: str, digest: str) -> dict[str, Any]:
             "annotations": {DIGEST_ANNOTATION: digest}}
 
 
-def _program(policy: Policy, modes_literal: str) -> Program:
+def _program(policy: Policy, modes_literal: str, cpu_scheduler: str) -> Program:
     """The guard's variables: GuardUnit (no GPU analysis, modes read from ``variables.modes``,
-    a literal that inline_constants writes into its readers) and the per-mode lists, the patch
-    and the audit record."""
+    a literal that inline_constants writes into its readers), the CPU pods' scheduler
+    (``cpu_scheduler``, a CEL string literal) and the per-mode lists, the patch and the audit
+    record."""
     prog = Program()
     prog.add("modes", modes_literal, "rule id -> mode of the three guard rules (the policy's)")
+    prog.add("cpuScheduler", cpu_scheduler,
+             "the scheduler pods without a GPU get (spec.scheduling.cpuPods), \"\" for none")
+    prog.add("schedulerOp", f'request.operation == "CREATE" && {_route(var("cpuScheduler"))}',
+             "rules/scheduler.cpu_pod_scheduler: a CPU pod CREATE goes to the GPU-aware "
+             "scheduler")
     GuardUnit(gpu=False, modes=var("modes")).emit(policy, prog)
     modes = var("modes")
     prog.add("violations", var("guardViolations"), "every violation, in the engine's order")
@@ -179,20 +198,28 @@ def _program(policy: Policy, modes_literal: str) -> Program:
     ann = "object.metadata.annotations"
     key = lit(MUTATED_ANNOTATION)
     prog.add("mutatedBefore", f"has({ann}) && {key} in {ann} ? {ann}[{key}] : \"\"")
-    prog.add("mutatedValue",
-             f'(["env"] + {var("mutatedBefore")}.split(",").filter(k, k != ""))'
-             '.distinct().sort().join(",")',
-             "engine._annotation_value: the env kind merged with the old value")
-    # without annotations the merged value is the env kind alone: no variable to evaluate
-    add_map = rec(op=lit("add"), path=lit("/metadata/annotations"),
-                  value="{" + key + ": " + lit("env") + "}")
-    add_key = rec(op=lit("add"), path=lit("/metadata/annotations/" + escape(MUTATED_ANNOTATION)),
-                  value=var("mutatedValue"))
     _simple_pod(prog, modes_literal)
     simple = var("simple")
     # the void upserts: the direct ones for a simple pod, else the guard's analysis (inline:
     # one variable less to evaluate; each side is a variable, computed once)
-    ops = f"({simple} ? {var('simpleOps')} : {var('guardOps')})"
+    voids = f"({simple} ? {var('simpleOps')} : {var('guardOps')})"
+    sched = var("schedulerOp")
+    prog.add("mutatedValue",
+             f'((size({voids}) > 0 ? ["env"] : []) + ({sched} ? ["schedulerName"] : []) + '
+             f'{var("mutatedBefore")}.split(",").filter(k, k != ""))'
+             '.distinct().sort().join(",")',
+             "engine._annotation_value: the kinds changed merged with the old value")
+    # without annotations the merged value is the kinds alone: no variable to evaluate
+    kinds_only = (f'({sched} ? (size({voids}) > 0 ? {lit("env,schedulerName")} : '
+                  f'{lit("schedulerName")}) : {lit("env")})')
+    add_map = rec(op=lit("add"), path=lit("/metadata/annotations"),
+                  value="{" + key + ": " + kinds_only + "}")
+    add_key = rec(op=lit("add"), path=lit("/metadata/annotations/" + escape(MUTATED_ANNOTATION)),
+                  value=var("mutatedValue"))
+    set_scheduler = rec(op=lit("add"), path=lit("/spec/schedulerName"),
+                        value=var("cpuScheduler"))
+    # PatchBuilder.ops() order: the scheduler, then the env upserts
+    ops = f"(({sched} ? [{set_scheduler}] : []) + {voids})"
     prog.add("patch",
              f"(!{simple} && size({var('denials')}) > 0) || size({ops}) == 0 ? []\n"
              f"  : !{simple} && {var('ephemeral')} ? {ops}\n"
@@ -200,9 +227,10 @@ def _program(policy: Policy, modes_literal: str) -> Program:
              f"  : {var('mutatedValue')} != {var('mutatedBefore')} || !({key} in {ann}) "
              f"? {ops} + [{add_key}]\n"
              f"  : {ops}",
-             "the void upserts and the gpu-admission.io/mutated annotation (none on an "
-             "ephemeral-container UPDATE: the subresource keeps only the containers); nothing "
-             "when an enforce-mode guard rule denies")
+             "the scheduler (CPU pods, spec.scheduling.cpuPods), the void upserts and the "
+             "gpu-admission.io/mutated annotation (none on an ephemeral-container UPDATE: the "
+             "subresource keeps only the containers); nothing when an enforce-mode guard rule "
+             "denies")
     prog.add("clean", _clean_pod(),
              "every container void/none and no hostPath: no finding (the audit policy's "
              "shortcut past the analysis)")
@@ -262,7 +290,8 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
     groups = HELM_GROUPS if helm else canonical_json(inputs["groups"])
     excluded: list[str] | str = HELM_NAMESPACES if helm else inputs["excludedNamespaces"]
     digest = HELM_DIGEST if helm else guard_digest(policy)
-    prog = _program(policy, modes_literal)
+    cpu_scheduler = HELM_CPU_SCHEDULER if helm else lit(inputs["cpuScheduler"])
+    prog = _program(policy, modes_literal, cpu_scheduler)
     conditions = [{"name": "not-a-gpu-or-dra-pod", "expression": f"!({gpu_or_dra_pod()})"}]
     if helm or inputs["users"] or inputs["groups"]:  # the chart decides (HELM_EXEMPTING)
         conditions.append(not_exempt(users, groups))
@@ -279,10 +308,12 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}]}}
     mutate = f"{var('patch')}.map(o, JSONPatch{{op: o.op, path: o.path, value: o.value}})"
     # A pod whose containers all carry only void/none entries gets nothing from the mutating
-    # policy (no isolate state, so no upsert): skipped with one cheap condition, which also
-    # ends the reinvocation after its own upserts.
+    # policy (no isolate state, so no upsert) unless it is routed to the GPU-aware scheduler:
+    # skipped with one cheap condition, which also ends the reinvocation after its own patch.
     map_conditions = [*conditions, {"name": "not-already-clean",
-                                    "expression": f"!({_clean_pod(hostpath=False)})"}]
+                                    "expression": f"!({_clean_pod(hostpath=False)}) || "
+                                                  f'(request.operation == "CREATE" && '
+                                                  f"{_route(cpu_scheduler)})"}]
     objects: list[dict[str, Any]] = [{
         "apiVersion": GROUP, "kind": "MutatingAdmissionPolicy",
         "metadata": _metadata(MAP_NAME, digest),
@@ -293,7 +324,9 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
         _binding("MutatingAdmissionPolicy", MAP_NAME, digest, None)]
     comments = ["The GPU-access guard for pods without a GPU or DRA resource (the webhook "
                 "decides those): NVIDIA_VISIBLE_DEVICES=void on every container that lacks it, "
-                "on CREATE and for ephemeral containers kubectl debug adds.",
+                "on CREATE and for ephemeral containers kubectl debug adds; on CREATE, "
+                "spec.schedulerName for the pods spec.scheduling.cpuPods sends to the GPU-aware "
+                "scheduler.",
                 "Binds the guard's mutating policy."]
     # A pod the mutating policy left clean (every container void/none, no hostPath) has no
     # finding: the warn and audit policies skip it with one cheap condition, the deny policy
@@ -348,8 +381,14 @@ def compile_guard(policy: Policy, *, helm: bool = False) -> Compiled:
                      f"Binds {name} with validationActions {ACTIONS[mode]}."]
     for obj in objects:
         if obj["kind"] in POLICY_KINDS:
-            inline_constants(obj["spec"], [HELM_MODES] if helm else [])
+            inline_constants(obj["spec"], [HELM_MODES, HELM_CPU_SCHEDULER] if helm else [])
     return Compiled(objects=objects, comments=comments)
+
+
+def _route(target: str) -> str:
+    """rules/scheduler.cpu_pod_scheduler for a pod here (never a GPU pod), ``target`` a CEL
+    string ("" when CPU pods are not routed)."""
+    return f"({cpu_route(target)})"
 
 
 def _clean_pod(*, hostpath: bool = True) -> str:
@@ -452,7 +491,10 @@ def webhook_fallback_condition() -> str:
     servers without MutatingAdmissionPolicy v1, ``webhook.guard: webhook``, kustomize component
     ``webhook-guard-fallback``): GPU and DRA pods, and every pod creation or ephemeral-container
     UPDATE the guard may change or deny (a container without only-``void``/``none``
-    ``NVIDIA_VISIBLE_DEVICES`` entries, or a hostPath volume on CREATE)."""
+    ``NVIDIA_VISIBLE_DEVICES`` entries, or a hostPath volume on CREATE), and every pod creation
+    ``spec.scheduling.cpuPods`` may route to the GPU-aware scheduler (``schedulerName`` empty
+    or ``default-scheduler``, no ``nodeName``, no DaemonSet owner: whatever the policy, a
+    superset)."""
     env = "'NVIDIA_VISIBLE_DEVICES'"
     unclean = (f"!(has(c.env) && c.env.exists(e, has(e.name) && e.name == {env}) && c.env.all(e,\n"
                f"        !has(e.name) || e.name != {env} || (has(e.value) && !has(e.valueFrom) "
@@ -461,10 +503,16 @@ def webhook_fallback_condition() -> str:
         f"(has(object.spec.{k}) && object.spec.{k}.exists(c,\n      {unclean}))"
         for k in ("containers", "initContainers"))
     eph = gpu_access.EPHEMERAL_KIND
+    current = "(has(object.spec.schedulerName) ? object.spec.schedulerName : '')"
+    routed = (f"{current} in ['', '{DEFAULT_SCHEDULER}'] &&\n"
+              "      !(has(object.spec.nodeName) && object.spec.nodeName != '') &&\n"
+              "      !(has(object.metadata.ownerReferences) && object.metadata.ownerReferences"
+              f".exists(r, has(r.kind) && r.kind == '{DAEMONSET_KIND}'))")
     return (f"({gpu_or_dra_pod()}) ||\n"
             "(has(object.spec) && request.operation == 'CREATE' && (\n"
             "    (has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))) ||\n"
-            f"    {per_kind})) ||\n"
+            f"    {per_kind} ||\n"
+            f"    ({routed}))) ||\n"
             f"(has(object.spec) && has(request.subResource) && "
             "request.subResource == 'ephemeralcontainers' && "
             f"has(object.spec.{eph}) &&\n"

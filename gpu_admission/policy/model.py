@@ -499,8 +499,23 @@ class DefaultSharing(_Model):
     max_gpus: PositiveInt = Field(default=1, alias="maxGPUs")
 
 
+class Scheduling(_Model):
+    """Which scheduler pods without a GPU get (issue 32, "CPU pods on GPU nodes"). CPU pods
+    that the default scheduler spreads (LeastAllocated) over GPU nodes eat the CPU and memory
+    GPUs need and strand them; the GPU-aware profile packs them (MostAllocated).
+
+    ``cpuPods``: ``gpu-aware`` (default) gives a pod without a GPU in an opted-in namespace
+    the policy's ``schedulerName`` on CREATE, under the conditions GPU pods get it (its
+    ``schedulerName`` empty or ``default-scheduler``, no ``nodeName``), except DaemonSet pods
+    (their node is fixed by the DaemonSet controller); ``default`` leaves their scheduler alone.
+    """
+
+    cpu_pods: Literal["gpu-aware", "default"] = Field(default="gpu-aware", alias="cpuPods")
+
+
 class PolicySpec(_Model):
     scheduler_name: StrictStr | None = Field(default="gpu-aware-scheduler", alias="schedulerName")
+    scheduling: Scheduling = Field(default_factory=Scheduling)
     node_pools: list[NodePool] = Field(default_factory=list, alias="nodePools")
     memory_limits: MemoryLimits = Field(default_factory=MemoryLimits, alias="memoryLimits")
     cuda_routing: CudaRouting = Field(default_factory=CudaRouting, alias="cudaRouting")
@@ -566,6 +581,8 @@ class Compiled:
     other_systems: frozenset[str] = frozenset()
     # a ``sharing: fractional`` pool exists (engine.has_fractional_pools), asked per review
     fractional: bool = False
+    # the scheduler pods without a GPU get (spec.scheduling.cpuPods gpu-aware: schedulerName)
+    cpu_scheduler: str | None = None
 
 
 class Policy(_Model):
@@ -603,6 +620,8 @@ class Policy(_Model):
             batch_job_workload=spec.classification.batch_job_workload,
             other_systems=frozenset(spec.other_sharing_systems),
             fractional=any(p.sharing == "fractional" for p in spec.node_pools),
+            cpu_scheduler=(spec.scheduler_name if spec.scheduling.cpu_pods == "gpu-aware"
+                           else None) or None,
         )
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None,

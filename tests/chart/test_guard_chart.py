@@ -92,3 +92,29 @@ def test_an_unknown_guard_setting_is_refused_by_the_schema() -> None:
 
     with pytest.raises(HelmValuesError, match="guard"):
         render_chart({"webhook": {"guard": "sometimes"}})
+
+
+@pytest.mark.parametrize(("spec", "values", "cpu_scheduler"), [
+    pytest.param({"scheduling": {"cpuPods": "default"}}, {}, "", id="cpu-pods-default"),
+    pytest.param({"schedulerName": ""}, {}, "", id="scheduler-name-off"),
+    pytest.param({"schedulerName": "packer"}, {"scheduler": {"name": "packer"}}, "packer",
+                 id="other-scheduler-name"),
+    pytest.param({}, {}, "gpu-aware-scheduler", id="built-in"),
+])
+def test_the_chart_renders_the_cpu_pod_routing_of_its_policy(
+        spec: dict[str, Any], values: dict[str, Any], cpu_scheduler: str) -> None:
+    """Issue 32: the guard's CPU pod scheduler (helper gpu-admission.guard.cpuScheduler) and
+    its digest follow policy.spec.scheduling.cpuPods and schedulerName as the compiler does."""
+    doc = render_chart()
+    policy = policy_from_yaml(policy_configmap(doc)["data"]["policy.yaml"])
+    merged = policy.model_dump(mode="json", by_alias=True)["spec"]
+    merged.update(spec)
+    docs = render_chart({**values, "policy": {
+        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUSharingPolicy",
+        "metadata": {"name": "cpu"}, "spec": merged}})
+    policy = policy_from_yaml(policy_configmap(docs)["data"]["policy.yaml"])
+    assert (policy.compiled.cpu_scheduler or "") == cpu_scheduler
+    got = guard_objects(docs)
+    assert drift(got, compile_guard(policy).objects) == ""
+    assert {o["metadata"]["annotations"]["gpu-admission.io/guard-digest"] for o in got} == {
+        guard_digest(policy)}

@@ -53,13 +53,28 @@ def test_decision_is_frozen() -> None:
     pytest.param({"apiVersion": "apps/v1", "kind": "Deployment",
                   "spec": {"template": make_pod()}}, id="deployment"),
     pytest.param({"kind": "Pod"}, id="pod-without-spec"),
-    pytest.param({"kind": "Pod", "spec": {"containers": "nope"}}, id="containers-not-a-list"),
-    pytest.param(make_pod(containers=[make_container(gpu=None, env=[
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])]), id="cpu-pod-already-void"),
 ])
 def test_non_gpu_or_non_pod_allowed_without_patch(obj: dict[str, Any]) -> None:
     decision = evaluate(obj, facts(), default_policy())
     assert decision == Decision(allowed=True)
+
+
+@pytest.mark.parametrize("obj", [
+    pytest.param({"kind": "Pod", "metadata": {}, "spec": {"containers": "nope"}},
+                 id="containers-not-a-list"),
+    pytest.param(make_pod(containers=[make_container(gpu=None, env=[
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])]), id="cpu-pod-already-void"),
+])
+def test_cpu_pod_with_nothing_for_the_guard_gets_only_the_scheduler(obj: dict[str, Any]) -> None:
+    """Changed on purpose (issue 32): these pods used to get no patch; with the default
+    spec.scheduling.cpuPods: gpu-aware a CPU pod goes to the GPU-aware scheduler, and the guard
+    has nothing to add."""
+    decision = evaluate(obj, facts(), default_policy())
+    assert decision == Decision(
+        allowed=True, changes=("spec.schedulerName", "metadata.annotations"),
+        patch=({"op": "add", "path": "/spec/schedulerName", "value": "gpu-aware-scheduler"},
+               {"op": "add", "path": "/metadata/annotations",
+                "value": {"gpu-admission.io/mutated": "schedulerName"}}))
 
 
 @pytest.mark.parametrize("operation", ["DELETE", "CONNECT"])

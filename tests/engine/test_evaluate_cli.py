@@ -83,12 +83,15 @@ def test_mixed_file_denied_exit_1() -> None:
                    "pod gpu-admission.io/workload=inference if it only serves",
         "mode": "enforce"}]
     assert worker["patch"] == []
-    assert cpu["gpu"] is False  # only the GPU-access guard: NVIDIA_VISIBLE_DEVICES=void
+    # the GPU-access guard (NVIDIA_VISIBLE_DEVICES=void) and, changed on purpose in issue 32,
+    # the GPU-aware scheduler (spec.scheduling.cpuPods: gpu-aware)
+    assert cpu["gpu"] is False
     assert cpu["patch"] == [
+        {"op": "add", "path": "/spec/schedulerName", "value": "gpu-aware-scheduler"},
         {"op": "add", "path": "/spec/containers/0/env",
          "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]},
         {"op": "add", "path": "/metadata/annotations",
-         "value": {"gpu-admission.io/mutated": "env"}}]
+         "value": {"gpu-admission.io/mutated": "env,schedulerName"}}]
 
 
 def test_text_output() -> None:
@@ -102,7 +105,9 @@ def test_text_output() -> None:
                for line in lines)
     assert any(line.startswith("  enforce [no-training-on-shared-gpu] spec.nodeSelector")
                for line in lines)
-    assert "  not a GPU pod: GPU-access guard only" in lines
+    # changed on purpose (issue 32): the CPU pod is also routed (spec.scheduling.cpuPods)
+    assert ("  not a GPU pod: GPU-access guard and the GPU-aware scheduler "
+            "(spec.scheduling.cpuPods)") in lines
     assert ('    add /spec/containers/0/env [{"name":"NVIDIA_VISIBLE_DEVICES","value":"void"}]'
             in lines)
 

@@ -64,9 +64,12 @@ def test_gpu_detection(pod: dict[str, Any], gpu: bool) -> None:
     decision, _ = run(pod)
     assert decision.gpu is gpu
     assert decision.allowed
-    if not gpu:  # only the GPU-access guard: NVIDIA_VISIBLE_DEVICES=void, nothing else
+    if not gpu:  # the GPU-access guard (NVIDIA_VISIBLE_DEVICES=void) and, since issue 32,
+        # the GPU-aware scheduler (spec.scheduling.cpuPods: gpu-aware); nothing else
         assert decision.workload is None and decision.cuda_version is None
-        assert all(c.endswith(".env") or c == "metadata.annotations" for c in decision.changes)
+        assert "spec.schedulerName" in decision.changes
+        assert all(c.endswith(".env") or c in ("metadata.annotations", "spec.schedulerName")
+                   for c in decision.changes)
 
 
 def test_quantity_int_and_string_give_the_same_patch() -> None:

@@ -103,8 +103,24 @@ def test_gpu_pod_sidecar_and_init_container_get_void_gpu_container_memory_env() 
 
 
 def test_non_gpu_decision_shape() -> None:
-    """What a non-GPU pod's Decision looks like: gpu False, no workload/CUDA, the patch."""
+    """What a non-GPU pod's Decision looks like: gpu False, no workload/CUDA, the patch.
+    Changed on purpose (issue 32): the patch now starts with the GPU-aware scheduler (the
+    default spec.scheduling.cpuPods: gpu-aware), in PatchBuilder's order."""
     decision, after = run(make_pod(containers=[cpu()]))
+    mutated = {"gpu-admission.io/mutated": "env,schedulerName"}
+    assert decision == Decision(
+        allowed=True, gpu=False, changes=("spec.schedulerName", "spec.containers[0].env",
+                                          "metadata.annotations"),
+        patch=({"op": "add", "path": "/spec/schedulerName", "value": "gpu-aware-scheduler"},
+               {"op": "add", "path": "/spec/containers/0/env", "value": [VOID]},
+               {"op": "add", "path": "/metadata/annotations", "value": mutated}))
+    assert after["metadata"]["annotations"] == mutated
+
+
+def test_non_gpu_decision_shape_without_cpu_routing() -> None:
+    """spec.scheduling.cpuPods: default: only the guard's void, as before issue 32."""
+    decision, after = run(make_pod(containers=[cpu()]),
+                          policy_with(scheduling={"cpuPods": "default"}))
     assert decision == Decision(
         allowed=True, gpu=False, changes=("spec.containers[0].env", "metadata.annotations"),
         patch=({"op": "add", "path": "/spec/containers/0/env", "value": [VOID]},
@@ -240,4 +256,7 @@ def test_modes(modes: dict[str, str], pod: dict[str, Any], allowed: bool,
     assert decision.allowed is allowed
     assert [(v.rule, str(v.mode)) for v in decision.violations] == violations
     assert len(decision.warnings) == warnings
-    assert decision.patch == ()  # warn/audit report instead of mutating
+    # warn/audit report instead of mutating the env; the scheduler (issue 32, cpuPods:
+    # gpu-aware) is no guard rule and is set whatever the guard's modes (changed on purpose)
+    assert [op["path"] for op in decision.patch] == ["/spec/schedulerName",
+                                                     "/metadata/annotations"]

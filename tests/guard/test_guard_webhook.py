@@ -69,20 +69,24 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
 
 
 async def test_cpu_pod_with_cuda_image_gets_void(server: Server) -> None:
+    """Changed on purpose (issue 32): the CPU pod also goes to the GPU-aware scheduler
+    (spec.scheduling.cpuPods: gpu-aware, the default)."""
     pod = cpu_pod()
     status, body, _ = await server.post("/mutate?timeout=10s", make_review(pod, uid="u-cpu"))
     assert status == 200
     response = body["response"]
     assert patch_ops(response) == [
+        {"op": "add", "path": "/spec/schedulerName", "value": "gpu-aware-scheduler"},
         {"op": "add", "path": "/spec/containers/0/env", "value": [VOID]},
         {"op": "add", "path": "/metadata/annotations",
-         "value": {"gpu-admission.io/mutated": "env"}}]
+         "value": {"gpu-admission.io/mutated": "env,schedulerName"}}]
     assert body == {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                     "response": {"uid": "u-cpu", "allowed": True, "patchType": "JSONPatch",
                                  "patch": response["patch"],
                                  "auditAnnotations": {
                                      "decision": "allowed",
-                                     "patch": "spec.containers[0].env; metadata.annotations"}}}
+                                     "patch": "spec.schedulerName; spec.containers[0].env; "
+                                              "metadata.annotations"}}}
     patched = jsonpatch.apply_patch(pod, patch_ops(response))
     kubernetes_validate.validate(patched, "1.30", strict=True)
     # the validating webhook sees the mutated pod: nothing left to say
@@ -136,8 +140,10 @@ async def test_decision_log_records_guard_decisions(tmp_path: Path) -> None:
                                 "violations", "exempt", "patch")} == {
         "gpu": False, "workload": None, "cudaVersion": None, "decision": "allowed",
         "mutated": True, "violations": [], "exempt": "",
-        "patch": {"ops": 2, "paths": ["add /spec/containers/0/env", "add /metadata/annotations"],
-                  "changes": ["spec.containers[0].env", "metadata.annotations"]}}
+        "patch": {"ops": 3, "paths": ["add /spec/schedulerName", "add /spec/containers/0/env",
+                                      "add /metadata/annotations"],
+                  "changes": ["spec.schedulerName", "spec.containers[0].env",
+                              "metadata.annotations"]}}
     denied = records["r-all"]
     assert (denied["gpu"], denied["decision"], denied["mutated"]) == (False, "denied", False)
     assert denied["violations"] == [{"rule": "gpu-visible-devices",
@@ -159,8 +165,10 @@ def test_evaluate_shows_the_guard_decisions(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr  # one pod is denied
     cpu, denied, vllm = (orjson.loads(line) for line in proc.stdout.splitlines())
     assert (cpu["gpu"], cpu["allowed"], cpu["changes"]) == (
-        False, True, ["spec.containers[0].env", "metadata.annotations"])
-    assert cpu["patch"][0] == {"op": "add", "path": "/spec/containers/0/env", "value": [VOID]}
+        False, True, ["spec.schedulerName", "spec.containers[0].env", "metadata.annotations"])
+    assert cpu["patch"][:2] == [
+        {"op": "add", "path": "/spec/schedulerName", "value": "gpu-aware-scheduler"},
+        {"op": "add", "path": "/spec/containers/0/env", "value": [VOID]}]
     assert (denied["allowed"], [v["rule"] for v in denied["violations"]]) == (
         False, ["gpu-visible-devices"])
     assert (vllm["cudaVersion"], vllm["cudaSource"]) == (

@@ -186,7 +186,9 @@ def test_what_an_outage_does() -> None:
     assert (allowed, message) == (True, "")
     assert stored["spec"]["containers"][0]["env"] == [
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
-    assert stored["metadata"]["annotations"] == {"gpu-admission.io/mutated": "env"}
+    # issue 32: the CPU pod also goes to the GPU-aware scheduler, decided in the API server
+    assert stored["spec"]["schedulerName"] == "gpu-aware-scheduler"
+    assert stored["metadata"]["annotations"] == {"gpu-admission.io/mutated": "env,schedulerName"}
     allowed, message, _ = outage(sneaky, OPTED_IN)
     assert not allowed and message.startswith(
         "ValidatingAdmissionPolicy 'guard-enforce.gpu-admission.io' with binding "

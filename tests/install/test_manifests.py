@@ -359,11 +359,22 @@ CEL_CASES = [
 VOID_ENV = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
 GUARD_CEL_CASES = [
     *[(name, pod, True) for name, pod, gpu in CEL_CASES if not gpu],
-    ("cpu-void", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)]), False),
+    # Changed on purpose (issue 32): a clean pod whose scheduler is empty or default-scheduler
+    # is sent on CREATE, since spec.scheduling.cpuPods may route it to the GPU-aware scheduler
+    ("cpu-void", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)]), True),
     ("cpu-none", make_pod(containers=[make_container(gpu=None, env=[
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}])]), False),
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}])]), True),
     ("cpu-void-among-others", make_pod(containers=[make_container(gpu=None, env=[
-        {"name": "A", "value": "1"}, *VOID_ENV])]), False),
+        {"name": "A", "value": "1"}, *VOID_ENV])]), True),
+    # ... and one that nothing routes stays with the API server
+    ("cpu-void-own-scheduler", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)],
+                                        scheduler_name="volcano"), False),
+    ("cpu-void-already-routed", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)],
+                                         scheduler_name="gpu-aware-scheduler"), False),
+    ("cpu-void-daemonset", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)],
+                                    owner_kind="DaemonSet", owner_api_version="apps/v1"), False),
+    ("cpu-void-node-name", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)],
+                                    nodeName="node-1"), False),
     ("cpu-all", make_pod(containers=[make_container(gpu=None, env=[
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])]), True),
     ("cpu-void-then-all", make_pod(containers=[make_container(gpu=None, env=[
@@ -379,9 +390,12 @@ GUARD_CEL_CASES = [
                                     volumes=[{"name": "d", "hostPath": {"path": "/dev/dri"}}]),
      True),
     ("void-and-empty-dir", make_pod(containers=[make_container(gpu=None, env=VOID_ENV)],
-                                    volumes=[{"name": "d", "emptyDir": {}}]), False),
+                                    volumes=[{"name": "d", "emptyDir": {}}],
+                                    scheduler_name="volcano"), False),
     ("no-containers-field", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
-                             "spec": {}}, False),
+                             "spec": {"schedulerName": "volcano"}}, False),
+    ("no-containers-field-routed", {"apiVersion": "v1", "kind": "Pod",
+                                    "metadata": {"name": "x"}, "spec": {}}, True),
     ("no-spec", no_spec_pod(), False),
 ]
 

@@ -152,11 +152,21 @@ only then (gpu_admission.compile.guard.compile_guard). */}}
 {{- toJson (concat (list "kube-system" .Release.Namespace) (default list $ex.namespaces) | uniq | sortAlpha) -}}
 {{- end -}}
 
+{{/* The scheduler pods without a GPU get (policy spec.scheduling.cpuPods gpu-aware: the
+policy's schedulerName; "" for none): gpu_admission.policy.model Compiled.cpu_scheduler. */}}
+{{- define "gpu-admission.guard.cpuScheduler" -}}
+{{- $policy := include "gpu-admission.policy" . | fromYaml -}}
+{{- $spec := default dict $policy.spec -}}
+{{- $name := ternary $spec.schedulerName "gpu-aware-scheduler" (hasKey $spec "schedulerName") -}}
+{{- $scheduling := default dict $spec.scheduling -}}
+{{- if and $name (eq (default "gpu-aware" $scheduling.cpuPods) "gpu-aware") -}}{{ $name }}{{- end -}}
+{{- end -}}
+
 {{/*
 gpu_admission.compile.guard.guard_digest: sha256 (16 hex digits) of the canonical JSON of the
 guard's inputs, as Go's encoding/json writes it (sorted keys, no spaces).
 */}}
 {{- define "gpu-admission.guard.digest" -}}
-{{- $inputs := dict "modes" (include "gpu-admission.guard.modes" . | fromJson) "excludedNamespaces" (include "gpu-admission.guard.excludedNamespaces" . | fromJsonArray) "users" (include "gpu-admission.guard.users" . | fromJsonArray) "groups" (include "gpu-admission.guard.groups" . | fromJsonArray) -}}
+{{- $inputs := dict "cpuScheduler" (include "gpu-admission.guard.cpuScheduler" .) "modes" (include "gpu-admission.guard.modes" . | fromJson) "excludedNamespaces" (include "gpu-admission.guard.excludedNamespaces" . | fromJsonArray) "users" (include "gpu-admission.guard.users" . | fromJsonArray) "groups" (include "gpu-admission.guard.groups" . | fromJsonArray) -}}
 {{- printf "sha256:%s" (toJson $inputs | sha256sum | trunc 16) -}}
 {{- end -}}

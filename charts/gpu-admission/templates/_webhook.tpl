@@ -86,7 +86,10 @@ matchConditions:
               !has(e.name) || e.name != 'NVIDIA_VISIBLE_DEVICES' || (has(e.value) && !has(e.valueFrom) && (e.value == 'void' || e.value == 'none')))))) ||
           (has(object.spec.initContainers) && object.spec.initContainers.exists(c,
             !(has(c.env) && c.env.exists(e, has(e.name) && e.name == 'NVIDIA_VISIBLE_DEVICES') && c.env.all(e,
-              !has(e.name) || e.name != 'NVIDIA_VISIBLE_DEVICES' || (has(e.value) && !has(e.valueFrom) && (e.value == 'void' || e.value == 'none')))))))) ||
+              !has(e.name) || e.name != 'NVIDIA_VISIBLE_DEVICES' || (has(e.value) && !has(e.valueFrom) && (e.value == 'void' || e.value == 'none')))))) ||
+          ((has(object.spec.schedulerName) ? object.spec.schedulerName : '') in ['', 'default-scheduler'] &&
+            !(has(object.spec.nodeName) && object.spec.nodeName != '') &&
+            !(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.kind) && r.kind == 'DaemonSet'))))) ||
       (has(object.spec) && has(request.subResource) && request.subResource == 'ephemeralcontainers' && has(object.spec.ephemeralContainers) &&
         object.spec.ephemeralContainers.exists(c,
             !(has(c.env) && c.env.exists(e, has(e.name) && e.name == 'NVIDIA_VISIBLE_DEVICES') && c.env.all(e,

@@ -14,6 +14,21 @@ from gpu_admission.vocab import (
 
 from ..cel import lit, pyrepr, trunc, var
 from ..units import Program, violation
+from .other_systems import other_system_pods
+
+CURRENT = 'has(object.spec.schedulerName) ? object.spec.schedulerName : ""'
+NO_NODE_NAME = '!(has(object.spec.nodeName) && object.spec.nodeName != "")'
+DAEMONSET_POD = ("has(object.metadata.ownerReferences) && object.metadata.ownerReferences"
+                 f".exists(r, has(r.kind) && r.kind == {lit(scheduler.DAEMONSET_KIND)})")
+
+
+def cpu_route(target: str, current: str = f"({CURRENT})") -> str:
+    """scheduler.cpu_pod_scheduler in CEL, for a pod without a GPU on CREATE: ``target`` (a
+    CEL string, "" when ``spec.scheduling.cpuPods`` routes nothing) is non-empty, the pod's
+    ``schedulerName`` is empty or ``default-scheduler`` and not already the target, no
+    ``nodeName``, no DaemonSet owner. Every access guarded with ``has()``."""
+    return (f'{target} != "" && {current} in ["", {lit(DEFAULT_SCHEDULER)}] && '
+            f"{current} != {target} && {NO_NODE_NAME} && !({DAEMONSET_POD})")
 
 
 class SchedulerUnit:
@@ -36,5 +51,17 @@ class SchedulerUnit:
             f'{var("schedulerApplies")} && !({cur} in ["", {lit(DEFAULT_SCHEDULER)}]) && '
             f"{cur} != {lit(target)} ? "
             f"[{violation(scheduler.RULE, lit('spec.schedulerName'), message)}] : []")
-        prog.add("schedulerOp", f'{var("schedulerApplies")} && {cur} in ["", '
-                                f'{lit(DEFAULT_SCHEDULER)}] && {cur} != {lit(target)}')
+        gpu_op = (f'{var("schedulerApplies")} && {cur} in ["", {lit(DEFAULT_SCHEDULER)}] && '
+                  f'{cur} != {lit(target)}')
+        cpu_target = policy.compiled.cpu_scheduler
+        if cpu_target is None:
+            prog.add("schedulerOp", gpu_op)
+            return
+        # spec.scheduling.cpuPods: a pod here without a GPU (a zero quantity: the webhook's
+        # split sends it here, the engine decides it as a CPU pod) is routed too, unless
+        # another sharing system's (the engine leaves those to their scheduler)
+        prog.add("schedulerOp",
+                 f"{var('isGpu')} ? {gpu_op}\n"
+                 f"  : {cpu_route(lit(cpu_target), cur)} && !({other_system_pods()})",
+                 "GPU pods, and pods without a GPU (spec.scheduling.cpuPods; not DaemonSet "
+                 "pods, not another sharing system's)")
