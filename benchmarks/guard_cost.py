@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reviews import BENCH_POLICY_YAML, KINDS
 
-import gpu_admission.engine as engine
-from gpu_admission.decision import RequestFacts
+import gpu_admission.admission.engine as engine
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.policy.model import Policy, policy_from_yaml
 from gpu_admission.rules import RULES, Rule
 from gpu_admission.rules.gpu_access import GpuAccess

@@ -33,8 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpu_admission.core.quantity import quantity_mib
 from gpu_admission.dra.model import CLAIM, TEMPLATE, DraSnapshot, Key
-from gpu_admission.quantity import quantity_mib
 
 NVIDIA_DRIVER: Final = "gpu.nvidia.com"
 GPU_CLASS: Final = "gpu.nvidia.com"

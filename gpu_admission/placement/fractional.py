@@ -24,6 +24,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from gpu_admission.core.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_MEMORY_ANNOTATION
 from gpu_admission.placement.frag import (
     MILLI,
     OURS,
@@ -43,7 +44,6 @@ from gpu_admission.placement.score import (
     FilterResult,
 )
 from gpu_admission.policy.model import NodePool, Placement, Policy
-from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_MEMORY_ANNOTATION
 
 NEW_GPU: Final = ""  # Choice.gpu_id of a GPU to open
 #: the learned workload's typical shapes are re-read every this many observed pods

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from gpu_admission.core.vocab import DEFAULT_SCHEDULER
 from gpu_admission.rules.base import Context
-from gpu_admission.vocab import DEFAULT_SCHEDULER
 
 RULE: Final = "scheduler-name"
 
