@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gpu_admission.admission.engine import classify, exemption, short_warning
+from gpu_admission.admission.engine import short_warning
+from gpu_admission.admission.pod import classify, exemption
 from gpu_admission.core.decision import Decision, Mode, RequestFacts, Violation
 from gpu_admission.dra.analysis import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,

@@ -116,7 +116,7 @@ def _match_constraints(policy: Policy, operations: list[str]) -> dict[str, Any]:
 
 
 def match_conditions(policy: Policy) -> list[dict[str, str]]:
-    """The policy's exempt users and groups (engine.exemption) as a matchCondition."""
+    """The policy's exempt users and groups (admission.pod.exemption) as a matchCondition."""
     users = policy.spec.exemptions.users
     groups = policy.spec.exemptions.groups
     if not users and not groups:

@@ -40,7 +40,7 @@ class Compiled:
 
 
 def not_exempt(users: str, groups: str) -> dict[str, str]:
-    """The exempt users and groups (engine.exemption) as one matchCondition: the API server
+    """The exempt users and groups (admission.pod.exemption) as one matchCondition: the API server
     evaluates every condition of a policy, so one expression is one evaluation per pod instead
     of two (``users``, ``groups``: CEL list literals). The evaluator tells a user from a group
     exemption by evaluating it again (evaluator._exemption)."""

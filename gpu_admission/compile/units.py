@@ -32,7 +32,7 @@ from typing import Any, Final, Protocol
 
 import yaml
 
-from gpu_admission.admission.engine import BATCH_JOB_API_VERSIONS
+from gpu_admission.admission.pod import BATCH_JOB_API_VERSIONS
 from gpu_admission.core.cuda import parse_repository
 from gpu_admission.core.vocab import (
     CUDA_VERSION_LABEL,

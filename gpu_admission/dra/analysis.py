@@ -190,7 +190,7 @@ def needs_analysis(spec: Mapping[str, Any], snapshot: DraSnapshot | None) -> boo
     in a way that matters (a class with a sharing config, a MIG class:
     :func:`notable_extended`)? A plain ``nvidia.com/gpu`` limit served by a dedicated class
     needs none. The definition: the engine answers it per review from its one scan of the
-    resources (``engine._scan``, property-tested against this).
+    resources (``admission.pod._scan``, property-tested against this).
 
     Only ``limits`` are scanned: an extended resource must have a limit (a request without
     one is rejected by the API server, "Limit must be set for non overcommitable resources").

@@ -36,7 +36,7 @@ from enum import StrEnum
 from typing import Any, Final
 from zoneinfo import ZoneInfo
 
-from gpu_admission.admission.engine import analyse_gpu_pod
+from gpu_admission.admission.pod import analyse_gpu_pod
 from gpu_admission.core.timeframe import Range, WorkingHours, iso
 from gpu_admission.policy.model import Policy
 from gpu_admission.reclaim.names import (

@@ -19,7 +19,8 @@ import jsonpatch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gpu_admission.admission.engine import _scan, evaluate, gpu_containers
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.admission.pod import _scan, gpu_containers
 from gpu_admission.core.decision import RequestFacts
 from gpu_admission.core.patch import REQUIRED, PatchBuilder
 from gpu_admission.dra.analysis import DEVICECLASS_RESOURCE_PREFIX, needs_analysis

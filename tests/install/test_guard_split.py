@@ -29,7 +29,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_admission.admission.engine import evaluate, gpu_containers
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.admission.pod import gpu_containers
 from gpu_admission.cli import main
 from gpu_admission.compile.evaluator import SHORTCUT_CONDITIONS, admit, selector_matches
 from gpu_admission.compile.guard import (

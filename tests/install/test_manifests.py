@@ -47,7 +47,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_admission.admission.engine import evaluate, gpu_containers
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.admission.pod import gpu_containers
 from gpu_admission.certs.bundle import generate_bundle, service_dns_names, write_bundle
 from gpu_admission.certs.install import install_certs
 from gpu_admission.core import vocab
