@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 
 from gpu_admission.auditlog.record import decision_record
-from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
+from gpu_admission.core.decision import Decision, Mode, RequestFacts, Violation
 
 NAMESPACES = [f"team-{i:02d}" for i in range(40)]
 USERS = [f"user{i}@example.com" for i in range(200)]

@@ -64,7 +64,7 @@ import aiohttp
 import orjson
 import yaml
 
-from gpu_admission.vocab import (
+from gpu_admission.core.vocab import (
     GPU_CONFIGMAP_ANNOTATION,
     GPU_CONFIGMAP_KEY,
     GPU_MEMORY_ANNOTATION,

@@ -55,14 +55,15 @@ from typing import Any
 
 import yaml
 
-from gpu_admission.compile.compiler import compile_policy, is_constant
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.compile.compiler import compile_policy
 from gpu_admission.compile.evaluator import admission_request, admit, counting_cost
 from gpu_admission.compile.guard import compile_guard
+from gpu_admission.compile.objects import is_constant
 from gpu_admission.compile.offline import as_admitted
 from gpu_admission.compile.render import render
-from gpu_admission.decision import RequestFacts
-from gpu_admission.engine import evaluate
-from gpu_admission.patch import apply_ops
+from gpu_admission.core.decision import RequestFacts
+from gpu_admission.core.patch import apply_ops
 from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
 
 

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from reviews import BENCH_POLICY_YAML, KINDS, TYPICAL_KIND
 
-from gpu_admission.decision import RequestFacts
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.dra.model import DraSnapshot
-from gpu_admission.engine import evaluate
 from gpu_admission.policy.model import Policy, policy_from_yaml
 from gpu_admission.server.wire import encode_response
 from tests.dra.objects import (

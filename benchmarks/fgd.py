@@ -52,6 +52,11 @@ def extender_latency(pods: int = 2000, *, mode: str = "ledger", mix: bool = True
       timed from after the views (as the figures of the previous round)."""
     import numpy as np  # noqa: PLC0415 (only this mode)
 
+    from gpu_admission.core.vocab import (  # noqa: PLC0415
+        GPU_CONFIGMAP_ANNOTATION,
+        GPU_MEMORY_ANNOTATION,
+        GPU_UUID_ANNOTATION,
+    )
     from gpu_admission.extender.binder import (  # noqa: PLC0415
         BindConfig,
         configmap,
@@ -73,11 +78,6 @@ def extender_latency(pods: int = 2000, *, mode: str = "ledger", mix: bool = True
     from gpu_admission.placement.ledger import Ledger  # noqa: PLC0415
     from gpu_admission.placement.requests import NodeRequests  # noqa: PLC0415
     from gpu_admission.policy.model import policy_from_dict  # noqa: PLC0415
-    from gpu_admission.vocab import (  # noqa: PLC0415
-        GPU_CONFIGMAP_ANNOTATION,
-        GPU_MEMORY_ANNOTATION,
-        GPU_UUID_ANNOTATION,
-    )
 
     card = 81920  # MiB
     policy = policy_from_dict({"apiVersion": "gpu-admission.io/v1alpha1",

@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reviews import BENCH_POLICY_YAML, KINDS
 
-import gpu_admission.engine as engine
-from gpu_admission.decision import RequestFacts
+import gpu_admission.admission.engine as engine
+from gpu_admission.admission.pod import gpu_containers
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.policy.model import Policy, policy_from_yaml
 from gpu_admission.rules import RULES, Rule
 from gpu_admission.rules.gpu_access import GpuAccess
@@ -47,7 +48,7 @@ def main() -> None:
     shipped: tuple[Rule, ...] = RULES
     variants = {"with": shipped,
                 "without": tuple(r for r in shipped if not isinstance(r, GpuAccess))}
-    kinds = [k for k in KINDS if engine.gpu_containers(k.build()["spec"])]
+    kinds = [k for k in KINDS if gpu_containers(k.build()["spec"])]
     best: dict[tuple[str, str], float] = {}
     try:
         for round_ in range(args.rounds):

@@ -3,7 +3,7 @@
 What is timed, per kind of pod in the benchmark mix (``reviews.KINDS``):
 
 - ``decide_us``: ``engine.evaluate(pod, facts, policy)`` at the mutate stage: classification,
-  every rule, and the RFC 6902 operations built by ``gpu_admission.patch``;
+  every rule, and the RFC 6902 operations built by ``gpu_admission.core.patch``;
 - ``decide_patch_us``: the same plus rendering the reply the server sends
   (``wire.encode_response``: orjson + base64 of the patch), i.e. all per-review work except
   HTTP, TLS and JSON parsing of the request;
@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dra_micro import measure_dra, print_dra
 from reviews import BENCH_POLICY_YAML, KINDS, MIXES, TYPICAL_KIND, mix_kinds, review
 
+from gpu_admission.admission.engine import evaluate
 from gpu_admission.auditlog.record import audit_annotations, decision_record
 from gpu_admission.auditlog.writer import DecisionLog
-from gpu_admission.decision import RequestFacts, Stage
-from gpu_admission.engine import evaluate
+from gpu_admission.core.decision import RequestFacts, Stage
 from gpu_admission.policy.model import Policy, load_policy, policy_from_yaml
 from gpu_admission.server.logs import info_writer, make_logger
 from gpu_admission.server.metrics import Metrics

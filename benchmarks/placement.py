@@ -358,7 +358,7 @@ def fractional_timing(calls: int, n_nodes: int = 500) -> None:
     time with its API calls against the fake API server (tests/kube_api_support.py) through
     the real kubernetes client."""
     from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod  # noqa: PLC0415
-    from gpu_admission.fractional import visible_devices_value  # noqa: PLC0415
+    from gpu_admission.facts.fractional import visible_devices_value  # noqa: PLC0415
     from gpu_admission.placement.fractional import Placer, filter_fractional  # noqa: PLC0415
     from gpu_admission.placement.ledger import Assignment, Ledger  # noqa: PLC0415
     from tests.extender.fractional_support import NAMESPACE, frac_node, frac_pod, frac_policy  # noqa: PLC0415

@@ -30,12 +30,12 @@ from pathlib import Path
 import orjson
 import urllib3
 
+from gpu_admission.core.timeframe import Range, WorkingHours, parse_zone
 from gpu_admission.policy.model import default_policy
-from gpu_admission.prom import PrometheusClient
-from gpu_admission.report.compute import Options, build_report, to_json
-from gpu_admission.report.query import FB_USED_METRIC, UTIL_METRIC, fetch
 from gpu_admission.report.render import render_json
-from gpu_admission.timeframe import Range, WorkingHours, parse_zone
+from gpu_admission.usage.compute import Options, build_report, to_json
+from gpu_admission.usage.prom import PrometheusClient
+from gpu_admission.usage.query import FB_USED_METRIC, UTIL_METRIC, fetch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.dcgm_history_support import Gpu, Reading, uuid_for, write_file

@@ -26,7 +26,7 @@ import orjson
 UID_PLACEHOLDER = "00000000-0000-4000-8000-00000000beef"  # replaced per request by the client
 
 # Pool labels follow NVIDIA GPU Feature Discovery (nvidia.com/gpu.sharing-strategy) and our
-# own gpu-admission.io/cuda-version label (gpu_admission/vocab.py).
+# own gpu-admission.io/cuda-version label (gpu_admission/core/vocab.py).
 BENCH_POLICY_YAML = """\
 # Policy used by the benchmark: two time-sliced inference pools (one per CUDA version) and a
 # dedicated training pool, so routing, memory-limit and training rules all fire.

@@ -52,9 +52,9 @@ sys.path.insert(0, str(HERE))
 import micro  # noqa: E402
 from reviews import BENCH_POLICY_YAML, MIXES, mix_kinds, write_mix  # noqa: E402
 
-from gpu_admission.certs import generate_bundle, write_bundle  # noqa: E402
-from gpu_admission.decision import RequestFacts  # noqa: E402
-from gpu_admission.engine import evaluate  # noqa: E402
+from gpu_admission.admission.engine import evaluate  # noqa: E402
+from gpu_admission.certs.bundle import generate_bundle, write_bundle  # noqa: E402
+from gpu_admission.core.decision import RequestFacts  # noqa: E402
 from gpu_admission.policy.model import policy_from_yaml  # noqa: E402
 
 SERVER_CPU, CLIENT_CPU = 0, 1

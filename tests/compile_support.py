@@ -10,12 +10,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from gpu_admission.compile.compiler import Compiled, compile_policy
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.compile.compiler import compile_policy
 from gpu_admission.compile.evaluator import Outcome, admit
+from gpu_admission.compile.objects import Compiled
 from gpu_admission.compile.offline import as_admitted
-from gpu_admission.decision import Decision, RequestFacts
-from gpu_admission.engine import evaluate
-from gpu_admission.patch import apply_ops
+from gpu_admission.core.decision import Decision, RequestFacts
+from gpu_admission.core.patch import apply_ops
 from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
 from tests.corpus_support import api_shaped
 from tests.policy_helpers import pools_policy

@@ -2,7 +2,7 @@
 
 Collected from the parametrized tables of the engine and rule tests (any pod dict inside their
 ``pytest.param`` values), ``tests/data/evaluate`` (pods and workload templates, through
-``gpu_admission.workloads``) and ``tests/data/hostile`` AdmissionReview bodies (their
+``gpu_admission.workloads.kinds``) and ``tests/data/hostile`` AdmissionReview bodies (their
 ``request.object``). Pods the API server could not decode (they fail the Kubernetes Pod
 OpenAPI schema) or would reject (duplicate container names) are left out; the rest are
 normalised as the API server serialises them: quantities as canonical strings, map keys sorted
@@ -22,12 +22,12 @@ import kubernetes_validate
 import yaml
 
 from gpu_admission.compile.offline import canonical_quantity
-from gpu_admission.workloads import WorkloadError, expand_lists, pod_templates
+from gpu_admission.workloads.kinds import WorkloadError, expand_lists, pod_templates
 
 DATA = Path(__file__).parent / "data"
 SCHEMA_VERSION = "1.36.0"
-_MODULES = ("tests.engine.test_rules", "tests.engine.test_engine",
-            "tests.engine.test_engine_property", "tests.engine.test_evaluate_cli",
+_MODULES = ("tests.admission.test_rules", "tests.admission.test_engine",
+            "tests.admission.test_engine_property", "tests.evaluate.test_evaluate_cli",
             "tests.install.test_manifests")
 
 

@@ -37,7 +37,7 @@ from cryptography import x509
 from kubernetes_validate.utils import schema_contents
 from referencing import Registry, Resource
 
-from gpu_admission.certs import CertBundle, generate_bundle
+from gpu_admission.certs.bundle import CertBundle, generate_bundle
 from gpu_admission.server.app import create_app
 from gpu_admission.server.config import ServerConfig
 from gpu_admission.server.logs import make_logger

@@ -8,8 +8,8 @@ from typing import Any
 
 import jsonpatch
 
-from gpu_admission.decision import Decision, RequestFacts
-from gpu_admission.engine import evaluate
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.core.decision import Decision, RequestFacts
 from gpu_admission.policy.model import Policy, default_policy, load_policy, policy_from_dict
 
 DATA = Path(__file__).parent / "data" / "evaluate"

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gpu_admission.certs import (
+from gpu_admission.certs.bundle import (
     CA_FILE,
     CERT_FILE,
     KEY_FILE,

@@ -1,6 +1,7 @@
-"""The floors of gpu_admission and the import directions between them, written down once
-(:data:`FLOORS`; docs/architecture.md describes them), and an AST walk over every module
-that fails when an import breaks them.
+"""The floors and the floor plan of gpu_admission and the import directions between them,
+written down once (:data:`FLOORS` per module, :data:`PACKAGES` per package;
+docs/architecture.md describes them), and an AST walk over every module that fails when an
+import breaks them.
 
 Rules checked, per module of ``gpu_admission/`` (lazy imports inside functions included):
 
@@ -13,13 +14,19 @@ Rules checked, per module of ``gpu_admission/`` (lazy imports inside functions i
 4. the core and pure floors import no I/O library (:data:`IO_LIBRARIES`), except the few
    written in :data:`EXCEPTIONS` with the reason.
 
+And per top-level package, the floor plan (:data:`PACKAGES`; the README's "How it is built"):
+
+5. every module is in a package of the plan (no loose modules at the top);
+6. a package imports only packages of its own storey or below;
+7. no two packages import each other, directly or round a loop; nor do two modules.
+
 No new dependency: ``ast`` and ``pathlib`` only.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -35,30 +42,50 @@ ROOT: Final = Path(__file__).resolve().parents[1] / PACKAGE
 #: list each module, so a module added there has no floor until someone gives it one.
 FLOORS: Final[tuple[tuple[str, str, tuple[str, ...]], ...]] = (
     ("core", "values and small pure helpers every floor reads", (
-        "", "vocab", "decision", "cuda", "quantity", "patch", "fractional", "timeframe",
-        "policy.*")),
+        "", "core.*", "policy.*")),
     ("pure", "decisions and computations: pod, objects, metrics and policy in, values out", (
-        "engine", "workloads", "sharing_systems", "nodepools", "engines", "rules.*", "dra.*",
-        "placement.*",
-        "compile", "compile.cel", "compile.units", "compile.compiler", "compile.render",
-        "compile.evaluator", "compile.offline", "compile.guard", "compile.rules.*",
-        "report", "report.data", "report.compute", "report.sharing", "report.render",
-        "report.html",
+        "dra.*", "facts.*", "workloads", "workloads.kinds", "rules.*", "admission.*",
+        "evaluate", "evaluate.dra", "placement.*",
+        "compile", "compile.cel", "compile.units", "compile.objects", "compile.compiler",
+        "compile.render", "compile.evaluator", "compile.offline", "compile.guard",
+        "compile.rules.*",
+        "usage", "usage.data", "usage.compute", "usage.sharing",
+        "report", "report.render", "report.html",
         "reclaim", "reclaim.plan", "reclaim.names",
         "auditlog", "auditlog.entry", "auditlog.record", "auditlog.query", "auditlog.report",
         "images", "images.scan", "simulate", "simulate.trace", "simulate.core")),
     ("io", "talks to the world or speaks its wire format: API server, Prometheus, registries, "
      "files, TLS, logs, metrics", (
-        "kube.*", "prom", "certs", "manifests", "report.query", "images.registry",
-        "auditlog.reader", "auditlog.writer", "extender.gpustate", "extender.binder",
-        "reclaim.kube", "reclaim.lease",
+        "kube.*", "usage.prom", "usage.query", "certs", "certs.bundle", "workloads.files",
+        "images.registry", "auditlog.reader", "auditlog.writer", "extender.gpustate",
+        "extender.binder", "reclaim.kube", "reclaim.lease",
         "server", "server.wire", "server.config", "server.tls", "server.logs", "server.metrics",
         "server.reload")),
     ("faces", "what a user or the cluster runs: commands, servers, controllers", (
-        "__main__", "cli", "cli_options", "evaluate_cli", "install_certs", "reserve",
-        "server.app", "server.run", "server.cli", "extender", "extender.app", "extender.cli",
+        "__main__", "cli.*", "evaluate.cli", "certs.install", "server.app", "server.run",
+        "server.cli", "extender", "extender.app", "extender.cli", "extender.reserve",
         "compile.cli", "report.cli", "reclaim.controller", "reclaim.cli", "images.cli",
         "auditlog.cli", "simulate.cli")),
+)
+
+#: The floor plan: (storey, what lives there, top-level packages), lowest first. A package
+#: imports only packages of its own storey or below, and no two packages import each other,
+#: directly or round a longer loop (:func:`package_cycles`). "" is ``gpu_admission/__init__.py``
+#: (the version); a loose module at the top is a package of its own and has no storey.
+PACKAGES: Final[tuple[tuple[str, str, tuple[str, ...]], ...]] = (
+    ("vocabulary", "the policy's words and values, pure helpers, the policy model", (
+        "", "core", "policy")),
+    ("pod facts", "what a pod is and asks for: DRA analysis, the fractional plan, other "
+     "sharing systems, node pools, serving engines, the workloads that carry pods", (
+        "dra", "facts", "workloads")),
+    ("admission core", "the rules, and the engine that runs them on a pod's facts", (
+        "rules", "admission")),
+    ("clients", "the cluster (list/watch, caches) and Prometheus (GPU usage)", (
+        "kube", "usage")),
+    ("faces", "what a user or the cluster runs: the command line, webhook server, compiler, "
+     "evaluate, placement and extender, simulate, report, reclaim, audit, images, certificates", (
+        "cli", "auditlog", "certs", "server", "compile", "evaluate", "images", "placement",
+        "extender", "simulate", "reclaim", "report", "__main__")),
 )
 
 #: Libraries that do I/O or run threads, event loops or servers: never below the io floor.
@@ -222,6 +249,113 @@ def violations(modules: Mapping[str, Source]) -> list[str]:
     return list(dict.fromkeys(out))  # one message for several names of one import
 
 
+def package_of(module: str) -> str:
+    """The top-level package of ``module`` ("" for ``gpu_admission`` itself); a loose module
+    at the top is a package of its own (and has no storey)."""
+    return module.partition(".")[0]
+
+
+def storey_of(package: str) -> int | None:
+    for storey, (_, _, packages) in enumerate(PACKAGES):
+        if package in packages:
+            return storey
+    return None
+
+
+def storey_label(storey: int) -> str:
+    return f"storey {storey} {PACKAGES[storey][0]}"
+
+
+def pretty(package: str) -> str:
+    return f"{PACKAGE}.{package}".rstrip(".")
+
+
+def import_graph(modules: Mapping[str, Source]) -> dict[str, dict[str, str]]:
+    """module -> {imported module of the package: where (``path:line``), the first import}."""
+    graph: dict[str, dict[str, str]] = {}
+    for module, source in modules.items():
+        out = graph.setdefault(module, {})
+        for imp in imports(module, source, modules):
+            if imp.target is not None and imp.target != module and imp.target in modules:
+                out.setdefault(imp.target, f"{source.path}:{imp.line}")
+    return graph
+
+
+def cycles(graph: Mapping[str, Mapping[str, str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted: the
+    nodes that import each other, directly or round a loop."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, {}):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component: list[str] = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def loop_message(what: str, component: list[str], graph: Mapping[str, Mapping[str, str]],
+                 name: Callable[[str], str]) -> str:
+    inside = set(component)
+    edges = "; ".join(f"{name(a)} -> {name(b)} ({where})" for a in component
+                      for b, where in sorted(graph.get(a, {}).items()) if b in inside)
+    return (f"{what} {', '.join(name(c) for c in component)} import each other: {edges}; "
+            "move what they share into the lower one")
+
+
+def package_violations(modules: Mapping[str, Source]) -> list[str]:
+    """The floor plan (:data:`PACKAGES`): every top-level package has a storey, imports only
+    packages of its storey or below, and no packages import each other."""
+    out: list[str] = []
+    graph: dict[str, dict[str, str]] = {}
+    for module, targets in import_graph(modules).items():
+        package = package_of(module)
+        if storey_of(package) is None:
+            out.append(f"{modules[module].path}: {pretty(module)} is in no package of the floor "
+                       "plan: put it in a package of PACKAGES in tests/test_layers.py (and the "
+                       "README's floor plan)")
+        edges = graph.setdefault(package, {})
+        for target, where in targets.items():
+            other = package_of(target)
+            if other != package:
+                edges.setdefault(other, f"{where}: {pretty(module)} imports {pretty(target)}")
+    for package, edges in sorted(graph.items()):
+        storey = storey_of(package)
+        for other, where in sorted(edges.items()):
+            above = storey_of(other)
+            if storey is not None and above is not None and above > storey:
+                out.append(f"{where}: package {pretty(package)} ({storey_label(storey)}) "
+                           f"imports package {pretty(other)} ({storey_label(above)}): a "
+                           "package imports only packages of its storey or below")
+    out.extend(loop_message("packages", c, graph, pretty) for c in cycles(graph))
+    return list(dict.fromkeys(out))
+
+
+def module_cycles(modules: Mapping[str, Source]) -> list[str]:
+    graph = import_graph(modules)
+    return [loop_message("modules", c, graph, pretty) for c in cycles(graph)]
+
+
 def test_every_module_has_a_floor() -> None:
     missing = unassigned(package_sources())
     assert not missing, "\n".join(missing)
@@ -249,6 +383,24 @@ def test_exceptions_are_still_needed() -> None:
     assert not unused, "\n".join(unused)
 
 
+def test_every_package_entry_names_a_package() -> None:
+    packages = {package_of(m) for m in package_sources()}
+    stale = [f"PACKAGES names {pretty(p)}, which does not exist" for _, _, entries in PACKAGES
+             for p in entries if p not in packages]
+    assert not stale, "\n".join(stale)
+
+
+def test_packages_follow_the_floor_plan() -> None:
+    found = package_violations(package_sources())
+    assert not found, "imports that break the floor plan (README, How it is built):\n" + \
+        "\n".join(found)
+
+
+def test_no_modules_import_each_other() -> None:
+    found = module_cycles(package_sources())
+    assert not found, "\n".join(found)
+
+
 def _tree(**files: str) -> dict[str, Source]:
     """A made-up package of plain modules: ``rules__memory`` is ``gpu_admission.rules.memory``."""
     out: dict[str, Source] = {}
@@ -259,17 +411,19 @@ def _tree(**files: str) -> dict[str, Source]:
 
 
 @pytest.mark.parametrize(("files", "expected"), [
-    ({"engine": "from gpu_admission.kube.client import api_client\n"},
-     ["gpu_admission/engine.py:1: gpu_admission.engine (floor 1 pure) imports "
+    ({"admission__engine": "from gpu_admission.kube.client import api_client\n"},
+     ["gpu_admission/admission/engine.py:1: gpu_admission.admission.engine (floor 1 pure) "
+      "imports "
       "gpu_admission.kube.client (floor 2 io): a module imports only from its own floor or "
       "below"]),
-    ({"vocab": "def f():\n    from gpu_admission import engine\n"},
-     ["gpu_admission/vocab.py:2: gpu_admission.vocab (floor 0 core) imports "
-      "gpu_admission.engine (floor 1 pure): a module imports only from its own floor or "
+    ({"core__vocab": "def f():\n    from gpu_admission.admission import engine\n"},
+     ["gpu_admission/core/vocab.py:2: gpu_admission.core.vocab (floor 0 core) imports "
+      "gpu_admission.admission.engine (floor 1 pure): a module imports only from its own floor or "
       "below"]),
-    ({"dra__claims": "from ..engine import _classify\n"},
-     ["gpu_admission/dra/claims.py:1: gpu_admission.dra.claims (floor 1 pure) uses the private "
-      "name gpu_admission.engine._classify: make it a public function of gpu_admission.engine"]),
+    ({"admission__claims": "from .engine import _classify\n"},
+     ["gpu_admission/admission/claims.py:1: gpu_admission.admission.claims (floor 1 pure) uses "
+      "the private name gpu_admission.admission.engine._classify: make it a public function of "
+      "gpu_admission.admission.engine"]),
     ({"rules__dra": "from gpu_admission.rules import memory\nx = memory._wanted\n"},
      ["gpu_admission/rules/dra.py:2: gpu_admission.rules.dra (floor 1 pure) uses the private "
       "name gpu_admission.rules.memory._wanted: make it a public function of "
@@ -282,8 +436,8 @@ def _tree(**files: str) -> dict[str, Source]:
      ["gpu_admission/rules/memory.py:1: gpu_admission.rules.memory (floor 1 pure) uses the "
       "private name gpu_admission.rules.base._x: make it a public function of "
       "gpu_admission.rules.base"]),
-    ({"report__compute": "import urllib3.util\n"},
-     ["gpu_admission/report/compute.py:1: gpu_admission.report.compute (floor 1 pure) imports "
+    ({"usage__compute": "import urllib3.util\n"},
+     ["gpu_admission/usage/compute.py:1: gpu_admission.usage.compute (floor 1 pure) imports "
       "the I/O library urllib3: only the io floor and above may (or add a reasoned entry to "
       "EXCEPTIONS)"]),
     ({"placement__score": "from threading import Lock\n"},
@@ -293,19 +447,20 @@ def _tree(**files: str) -> dict[str, Source]:
 ], ids=["upward", "upward-lazy", "private-from", "private-attribute", "private-class-attribute",
         "private-sibling", "io-library", "io-library-from"])
 def test_the_check_catches(files: dict[str, str], expected: list[str]) -> None:
-    tree = _tree(**{"engine": "", "kube__client": "", "rules__base": "", "rules__memory": "",
-                    **files})
+    tree = _tree(**{"admission__engine": "", "kube__client": "", "rules__base": "",
+                    "rules__memory": "", **files})
     assert violations(tree) == expected
 
 
 @pytest.mark.parametrize("files", [
-    {"server__app": "from gpu_admission.engine import evaluate\nimport aiohttp\n"},
-    {"engine": "from gpu_admission import vocab\nfrom . import decision\n"},
+    {"server__app": "from gpu_admission.admission.engine import evaluate\nimport aiohttp\n"},
+    {"admission__engine": "from gpu_admission.core import vocab\nfrom ..core import decision\n"},
     {"rules__memory": "import gpu_admission\nv = gpu_admission.__version__\n"},
     {"compile__evaluator": "import threading\n"},
 ], ids=["face-imports-down", "same-floor-and-below", "dunder-is-public", "reasoned-exception"])
 def test_the_check_allows(files: dict[str, str]) -> None:
-    assert violations(_tree(**{"engine": "", "vocab": "", "decision": "", **files})) == []
+    assert violations(_tree(**{"admission__engine": "", "core__vocab": "", "core__decision": "",
+                                  **files})) == []
 
 
 @pytest.mark.parametrize(("module", "floor"), [
@@ -324,3 +479,40 @@ def test_a_new_module_needs_a_floor(module: str, floor: int | None) -> None:
     assert found == ([] if floor is not None else [
         f"gpu_admission/{path}.py: gpu_admission.{module} has no floor: add it to FLOORS in "
         "tests/test_layers.py (and to docs/architecture.md)"])
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"facts__nodepools": "from gpu_admission.admission.engine import classify\n"},
+     ["gpu_admission/facts/nodepools.py:1: gpu_admission.facts.nodepools imports "
+      "gpu_admission.admission.engine: package gpu_admission.facts (storey 1 pod facts) "
+      "imports package gpu_admission.admission (storey 2 admission core): a package imports "
+      "only packages of its storey or below"]),
+    ({"report__cli": "from gpu_admission.reclaim.plan import preview\n",
+      "reclaim__plan": "def f():\n    from gpu_admission.report import html\n"},
+     ["packages gpu_admission.reclaim, gpu_admission.report import each other: "
+      "gpu_admission.reclaim -> gpu_admission.report (gpu_admission/reclaim/plan.py:2: "
+      "gpu_admission.reclaim.plan imports gpu_admission.report.html); gpu_admission.report -> "
+      "gpu_admission.reclaim (gpu_admission/report/cli.py:1: gpu_admission.report.cli imports "
+      "gpu_admission.reclaim.plan); move what they share into the lower one"]),
+    ({"quotas": "from gpu_admission.core import vocab\n"},
+     ["gpu_admission/quotas.py: gpu_admission.quotas is in no package of the floor plan: put it "
+      "in a package of PACKAGES in tests/test_layers.py (and the README's floor plan)"]),
+], ids=["package-upward", "packages-import-each-other", "loose-module"])
+def test_the_package_check_catches(files: dict[str, str], expected: list[str]) -> None:
+    tree = _tree(**{"admission__engine": "", "core__vocab": "", "reclaim__plan": "",
+                    "report__html": "", **files})
+    assert package_violations(tree) == expected
+
+
+def test_the_module_check_catches_a_loop() -> None:
+    tree = _tree(compile__compiler="from .guard import compile_guard\n",
+                 compile__guard="from .units import Program\n",
+                 compile__units="def f():\n    from .compiler import GROUP\n")
+    assert module_cycles(tree) == [
+        "modules gpu_admission.compile.compiler, gpu_admission.compile.guard, "
+        "gpu_admission.compile.units import each other: gpu_admission.compile.compiler -> "
+        "gpu_admission.compile.guard (gpu_admission/compile/compiler.py:1); "
+        "gpu_admission.compile.guard -> gpu_admission.compile.units "
+        "(gpu_admission/compile/guard.py:1); gpu_admission.compile.units -> "
+        "gpu_admission.compile.compiler (gpu_admission/compile/units.py:2); move what they "
+        "share into the lower one"]

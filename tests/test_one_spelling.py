@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_admission.certs import write_bundle
-from gpu_admission.cli_options import NoClusterError, resolve_kubeconfig
+from gpu_admission.certs.bundle import write_bundle
+from gpu_admission.cli.options import NoClusterError, resolve_kubeconfig
 from tests.server_support import new_bundle
 
 DATA = Path(__file__).parent / "data"

@@ -35,7 +35,7 @@ from gpu_admission.auditlog.query import (
 )
 from gpu_admission.auditlog.reader import DEFAULT_WEBHOOK_DOMAIN, InputError, read_entries
 from gpu_admission.auditlog.report import render_html
-from gpu_admission.cli_options import aliases
+from gpu_admission.cli.options import aliases
 
 MIN_WIDTH: Final = 80  # tables are laid out for an 80-column terminal at least
 BAD_SHOWN: Final = 20  # bad lines echoed on stderr; the rest are counted

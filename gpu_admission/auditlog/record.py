@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from gpu_admission.decision import Decision, RequestFacts
+from gpu_admission.core.decision import Decision, RequestFacts
 
 #: Version of the record layout. Bump when a field changes meaning or type; adding a
 #: field does not need a bump (readers ignore unknown fields).

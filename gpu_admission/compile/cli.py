@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from gpu_admission.cli_options import aliases
+from gpu_admission.cli.options import aliases
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 
 from .compiler import CompileFailure, compile_policy, webhook_policy
@@ -203,7 +203,7 @@ def _check_cluster(policy: Policy, kubeconfig: Path | None, context: str | None,
     (every guard policy present, with this policy's guard digest: an apply or ``helm upgrade``
     from another policy leaves another digest). Always: the health of every gpu-admission
     admission policy present (:func:`_health`)."""
-    from gpu_admission.install_certs import InstallError, api_client  # noqa: PLC0415
+    from gpu_admission.certs.install import InstallError, api_client  # noqa: PLC0415
 
     try:
         client = api_client(kubeconfig, context)

@@ -42,8 +42,8 @@ import orjson
 import re2  # type: ignore[import-untyped]
 from celpy.evaluation import CELEvalError
 
-from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
-from gpu_admission.patch import apply_ops, changed_fields
+from gpu_admission.core.decision import Decision, Mode, RequestFacts, Violation
+from gpu_admission.core.patch import apply_ops, changed_fields
 
 # --------------------------------------------------------------------------- functions
 # Unicode White_Space (Go's unicode.IsSpace): Python's isspace() minus U+001C..U+001F.

@@ -37,21 +37,21 @@ from typing import Any
 
 import yaml
 
-from gpu_admission.decision import Mode
-from gpu_admission.patch import escape
-from gpu_admission.policy.model import Policy
-from gpu_admission.rules import gpu_access
-from gpu_admission.rules.scheduler import DAEMONSET_KIND
-from gpu_admission.sharing_systems import HAMI_RESOURCES, KAI_ANNOTATIONS
-from gpu_admission.vocab import (
+from gpu_admission.core.decision import Mode
+from gpu_admission.core.patch import escape
+from gpu_admission.core.vocab import (
     DEFAULT_SCHEDULER,
     GPU_MEMORY_RESOURCE,
     MUTATED_ANNOTATION,
     NAMESPACE_OPT_IN_LABEL,
 )
+from gpu_admission.facts.other_systems import HAMI_RESOURCES, KAI_ANNOTATIONS
+from gpu_admission.policy.model import Policy
+from gpu_admission.rules import gpu_access
+from gpu_admission.rules.scheduler import DAEMONSET_KIND
 
 from .cel import lit, rec, srec, var
-from .compiler import (
+from .objects import (
     ACTIONS,
     ALWAYS_EXCLUDED,
     DOMAIN,

@@ -12,13 +12,14 @@ import json
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
+from gpu_admission.admission.engine import evaluate as evaluate_pod
+from gpu_admission.core.decision import Decision, Mode, RequestFacts, Violation
 from gpu_admission.dra.model import DraSnapshot
-from gpu_admission.engine import evaluate as evaluate_pod
 from gpu_admission.policy.model import Policy
 
-from .compiler import Compiled, compile_policy
+from .compiler import compile_policy
 from .evaluator import CelError, activation_of, admit, namespace_labels, run
+from .objects import Compiled
 
 ERROR_RULE = "compiled-policy-error"
 

@@ -32,13 +32,9 @@ from typing import Any, Final, Protocol
 
 import yaml
 
-from gpu_admission.cuda import parse_repository
-from gpu_admission.engine import BATCH_JOB_API_VERSIONS
-from gpu_admission.policy.model import Policy
-from gpu_admission.rules import (
-    training,
-)
-from gpu_admission.vocab import (
+from gpu_admission.admission.pod import BATCH_JOB_API_VERSIONS
+from gpu_admission.core.cuda import parse_repository
+from gpu_admission.core.vocab import (
     CUDA_VERSION_LABEL,
     GFD_CUDA_RUNTIME_MAJOR,
     GFD_CUDA_RUNTIME_MINOR,
@@ -51,6 +47,10 @@ from gpu_admission.vocab import (
     SHARED_SUFFIX,
     WORKLOAD_CLASSES,
     WORKLOAD_LABEL,
+)
+from gpu_admission.policy.model import Policy
+from gpu_admission.rules import (
+    training,
 )
 
 from .cel import concat, glob_to_re2, has_path, let, lit, norm_version, rec, srec, var

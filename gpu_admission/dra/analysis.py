@@ -33,8 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpu_admission.core.quantity import quantity_mib
 from gpu_admission.dra.model import CLAIM, TEMPLATE, DraSnapshot, Key
-from gpu_admission.quantity import quantity_mib
 
 NVIDIA_DRIVER: Final = "gpu.nvidia.com"
 GPU_CLASS: Final = "gpu.nvidia.com"
@@ -190,7 +190,7 @@ def needs_analysis(spec: Mapping[str, Any], snapshot: DraSnapshot | None) -> boo
     in a way that matters (a class with a sharing config, a MIG class:
     :func:`notable_extended`)? A plain ``nvidia.com/gpu`` limit served by a dedicated class
     needs none. The definition: the engine answers it per review from its one scan of the
-    resources (``engine._scan``, property-tested against this).
+    resources (``admission.pod._scan``, property-tested against this).
 
     Only ``limits`` are scanned: an extended resource must have a limit (a request without
     one is rejected by the API server, "Limit must be set for non overcommitable resources").

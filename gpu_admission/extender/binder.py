@@ -49,7 +49,17 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from structlog.typing import FilteringBoundLogger
 
-from gpu_admission.fractional import visible_devices_value
+from gpu_admission.core.vocab import (
+    CONFIGMAP_LABEL,
+    GPU_CONFIGMAP_ANNOTATION,
+    GPU_CONFIGMAP_KEY,
+    GPU_MEMORY_ANNOTATION,
+    GPU_MEMORY_RESOURCE,
+    GPU_RESOURCE,
+    GPU_UUID_ANNOTATION,
+    RESERVATION_LABEL,
+)
+from gpu_admission.facts.fractional import visible_devices_value
 from gpu_admission.kube import client as kube
 from gpu_admission.kube.aio import AsyncKube
 from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
@@ -72,16 +82,6 @@ from gpu_admission.placement.ledger import (
 )
 from gpu_admission.placement.requests import NodeRequests
 from gpu_admission.policy.model import Policy
-from gpu_admission.vocab import (
-    CONFIGMAP_LABEL,
-    GPU_CONFIGMAP_ANNOTATION,
-    GPU_CONFIGMAP_KEY,
-    GPU_MEMORY_ANNOTATION,
-    GPU_MEMORY_RESOURCE,
-    GPU_RESOURCE,
-    GPU_UUID_ANNOTATION,
-    RESERVATION_LABEL,
-)
 
 RESERVED_FOR_ANNOTATION: Final = "gpu-admission.io/reserved-for"  # ns/name of the first pod
 RESOURCES: Final = (

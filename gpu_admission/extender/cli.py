@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 from aiohttp import web
 
-from gpu_admission.cli_options import kubeconfig_option
+from gpu_admission.cli.options import kubeconfig_option
 from gpu_admission.extender.app import (
     DEFAULT_PREFIX,
     STATE,

@@ -89,9 +89,9 @@ async def scan_all(refs: list[ImageRef], *, platform: str, insecure: bool, secon
 def images_in_files(filenames: tuple[str, ...]) -> list[str]:
     """Images of the GPU containers of every Pod / pod template in the files (the images
     whose CUDA the webhook routes on), in order, without repeats."""
-    from gpu_admission.engine import gpu_containers  # noqa: PLC0415 - only with -f
-    from gpu_admission.manifests import read_documents  # noqa: PLC0415
-    from gpu_admission.workloads import WorkloadError, pod_templates  # noqa: PLC0415
+    from gpu_admission.admission.pod import gpu_containers  # noqa: PLC0415 - only with -f
+    from gpu_admission.workloads.files import read_documents  # noqa: PLC0415
+    from gpu_admission.workloads.kinds import WorkloadError, pod_templates  # noqa: PLC0415
 
     found: dict[str, None] = {}
     for name in filenames:

@@ -2,7 +2,7 @@
 
 * :func:`parse_image` -- an image reference to the registry API's coordinates (host,
   repository name, tag or digest) and to the normalised ``repository`` a
-  ``cudaRouting.images`` entry uses (:func:`gpu_admission.cuda.split_reference`, so the entry
+  ``cudaRouting.images`` entry uses (:func:`gpu_admission.core.cuda.split_reference`, so the entry
   matches the reference the way the webhook will).
 * :func:`select_platform` -- the manifest of one platform out of an image index (OCI
   ``application/vnd.oci.image.index.v1+json``) or a Docker manifest list
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpu_admission.cuda import split_reference
+from gpu_admission.core.cuda import split_reference
 
 DOCKER_HUB_API: Final = "registry-1.docker.io"
 

@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
 
-from gpu_admission.vocab import IN_CLUSTER
+from gpu_admission.core.vocab import IN_CLUSTER
 
 HTTP_NOT_FOUND: Final = 404
 HTTP_CONFLICT: Final = 409

@@ -27,7 +27,7 @@ from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from structlog.typing import FilteringBoundLogger
 
-from gpu_admission import vocab
+from gpu_admission.core import vocab
 from gpu_admission.dra.model import (
     DraSnapshot,
     DraSourceError,

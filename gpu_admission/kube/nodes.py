@@ -1,12 +1,12 @@
 """The webhook's Node cache: which GPU nodes exist and how they share their GPUs (issue 33).
 
 Why: memory caps belong only on pods that will run on a shared card, and the nodes say which
-cards are shared (GPU Feature Discovery's labels, :mod:`gpu_admission.nodepools`). The
+cards are shared (GPU Feature Discovery's labels, :mod:`gpu_admission.facts.nodepools`). The
 decision must not call the API server, so Nodes come from the project's one list/watch module
 (:mod:`gpu_admission.kube.watch`: list, watch from the list's resourceVersion, 410 re-list,
 back-off) into a store on the event loop, reduced to what the policy reads: the name, the
 labels and the GPU resources in ``status.allocatable`` (nothing else of a Node is kept).
-:meth:`NodeCache.view` builds the immutable :class:`~gpu_admission.nodepools.NodeView` the
+:meth:`NodeCache.view` builds the immutable :class:`~gpu_admission.facts.nodepools.NodeView` the
 engine reads, at most once per change burst and policy.
 
 Until the first list has arrived, or when listing Nodes is not allowed (RBAC: the webhook's
@@ -23,12 +23,12 @@ from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from structlog.typing import FilteringBoundLogger
 
+from gpu_admission.core.vocab import GPU_RESOURCE, MIG_RESOURCE_PREFIX
+from gpu_admission.facts.nodepools import NodeView, node_view
+from gpu_admission.facts.other_systems import HAMI_NODE_ANNOTATIONS
 from gpu_admission.kube import client as kube
 from gpu_admission.kube.watch import Resource, Watcher, WatchMetrics
-from gpu_admission.nodepools import NodeView, node_view
 from gpu_admission.policy.model import Policy
-from gpu_admission.sharing_systems import HAMI_NODE_ANNOTATIONS
-from gpu_admission.vocab import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 
 NODES: Final = Resource("nodes", "nodes")
 
@@ -40,7 +40,7 @@ class NodeSourceError(RuntimeError):
 
 
 def reduce_node(obj: dict[str, Any]) -> dict[str, Any]:
-    """A Node reduced to what :func:`gpu_admission.nodepools.node_view` reads: name, labels,
+    """A Node reduced to what :func:`gpu_admission.facts.nodepools.node_view` reads: name, labels,
     the GPU resources of ``status.allocatable``, and whether HAMi's node annotations are
     there (their values, HAMi's device registry, are dropped)."""
     meta = obj.get("metadata")

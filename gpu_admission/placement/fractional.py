@@ -25,6 +25,7 @@ from typing import Any, Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from gpu_admission.core.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_MEMORY_ANNOTATION
 from gpu_admission.placement.frag import (
     MILLI,
     OURS,
@@ -45,7 +46,6 @@ from gpu_admission.placement.score import (
     FilterResult,
 )
 from gpu_admission.policy.model import NodePool, Placement, Policy
-from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_MEMORY_ANNOTATION
 
 NEW_GPU: Final = ""  # Choice.gpu_id of a GPU to open
 #: the learned workload's typical shapes are re-read every this many observed pods

@@ -30,9 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpu_admission.fractional import CDI_GPU_PREFIX
-from gpu_admission.quantity import integer_quantity
-from gpu_admission.vocab import (
+from gpu_admission.core.quantity import integer_quantity
+from gpu_admission.core.vocab import (
     GPU_CONFIGMAP_ANNOTATION,
     GPU_CONFIGMAP_KEY,
     GPU_MEMORY_ANNOTATION,
@@ -40,6 +39,7 @@ from gpu_admission.vocab import (
     GPU_UUID_ANNOTATION,
     RESERVATION_LABEL,
 )
+from gpu_admission.facts.fractional import CDI_GPU_PREFIX
 
 OPENING_PREFIX: Final = "opening:"  # GPU id of a reservation that has not published its UUID
 TERMINATED: Final = frozenset({"Succeeded", "Failed"})

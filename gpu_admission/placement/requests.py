@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_admission.core.quantity import quantity_value
 from gpu_admission.placement.ledger import TERMINATED
-from gpu_admission.quantity import quantity_value
 
 MIB = 1024 * 1024
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from gpu_admission.engine import analyse_gpu_pod
+from gpu_admission.admission.pod import analyse_gpu_pod
 from gpu_admission.placement.gpus import Gpu, Snapshot
 from gpu_admission.policy.model import Placement, Policy
 from gpu_admission.rules.base import GpuContainer

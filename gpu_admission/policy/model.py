@@ -36,15 +36,15 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gpu_admission.cuda import (
+from gpu_admission.core.cuda import (
     ImageRule,
     check_digest,
     compile_tag_glob,
     image_lookup,
     parse_repository,
 )
-from gpu_admission.decision import Mode
-from gpu_admission.vocab import CUDA_VERSION_LABEL
+from gpu_admission.core.decision import Mode
+from gpu_admission.core.vocab import CUDA_VERSION_LABEL
 
 API_VERSION = "gpu-admission.io/v1alpha1"
 KIND = "GPUSharingPolicy"
@@ -435,7 +435,7 @@ def _idle_hours(value: Any) -> float:
 
 def _working_hours(value: Any) -> str:
     # The report's parser (one definition of working hours); pure, no I/O.
-    from gpu_admission.timeframe import WorkingHours  # noqa: PLC0415 - no cycle at import
+    from gpu_admission.core.timeframe import WorkingHours  # noqa: PLC0415 - no cycle at import
 
     if not isinstance(value, str):
         raise PydanticCustomError("working_hours", 'expected a string like "Mon-Fri 08:00-18:00",'

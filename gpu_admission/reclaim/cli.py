@@ -21,10 +21,10 @@ import click
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpu_admission.cli_options import kubeconfig_option, resolve_kubeconfig
+from gpu_admission.cli.options import kubeconfig_option, resolve_kubeconfig
+from gpu_admission.core.timeframe import parse_duration, parse_instant, parse_zone
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
-from gpu_admission.prom import PromError, PrometheusClient
-from gpu_admission.timeframe import parse_duration, parse_instant, parse_zone
+from gpu_admission.usage.prom import PromError, PrometheusClient
 
 
 class ReclaimError(click.ClickException):

@@ -34,8 +34,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from structlog.typing import FilteringBoundLogger
 
 from gpu_admission.auditlog.record import SCHEMA_VERSION
+from gpu_admission.core.timeframe import iso, resolve_range
 from gpu_admission.policy.model import Policy
-from gpu_admission.prom import PromError, PrometheusClient
 from gpu_admission.reclaim.kube import Kube, KubeError, event_name, involved, object_path
 from gpu_admission.reclaim.names import (
     IDLE_SINCE_ANNOTATION,
@@ -57,8 +57,8 @@ from gpu_admission.reclaim.plan import (
     PodPlan,
     build_plan,
 )
-from gpu_admission.report.query import POINT_BUDGET, NoDataError, fetch
-from gpu_admission.timeframe import iso, resolve_range
+from gpu_admission.usage.prom import PromError, PrometheusClient
+from gpu_admission.usage.query import POINT_BUDGET, NoDataError, fetch
 
 STEP_SECONDS: Final = 300  # the report's default --step: dcgm-exporter samples every 30 s
 

@@ -23,9 +23,9 @@ import orjson
 import urllib3
 from kubernetes import client as k8s
 
-from gpu_admission import vocab
+from gpu_admission.core import vocab
+from gpu_admission.core.timeframe import iso
 from gpu_admission.kube import client as kube_client
-from gpu_admission.prom import connection_reason
 from gpu_admission.reclaim.names import (
     DEPLOYMENT,
     EVENT_COMPONENT,
@@ -33,7 +33,7 @@ from gpu_admission.reclaim.names import (
     STATEFULSET,
 )
 from gpu_admission.reclaim.plan import Cluster, Owner
-from gpu_admission.timeframe import iso
+from gpu_admission.usage.prom import connection_reason
 
 IN_CLUSTER: Final = vocab.IN_CLUSTER
 MERGE_PATCH: Final = kube_client.MERGE_PATCH

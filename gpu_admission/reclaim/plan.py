@@ -1,10 +1,10 @@
 """The pure half of ``gpu-admission reclaim``: which GPU pods are idle, and what to do about
-each (docs/reclaim.md). No I/O: Prometheus answers (:class:`~gpu_admission.report.data.
+each (docs/reclaim.md). No I/O: Prometheus answers (:class:`~gpu_admission.usage.data.
 Fetched`), API objects (plain dicts), the policy and the current time in; a frozen
 :class:`Plan` out.
 
 **Idle** is the report's definition, by the report's code
-(:func:`gpu_admission.report.compute.idle_flags` and :func:`~gpu_admission.report.compute.
+(:func:`gpu_admission.usage.compute.idle_flags` and :func:`~gpu_admission.usage.compute.
 idle_runs`): an instant is idle when the GPU's SM utilisation (``DCGM_FI_DEV_GPU_UTIL``,
 %, the device-wide value: per-pod copies are merged by their maximum) is **under**
 ``spec.placement.idleBelowPercent`` inside ``spec.reclaim.workingHours`` (in
@@ -36,7 +36,8 @@ from enum import StrEnum
 from typing import Any, Final
 from zoneinfo import ZoneInfo
 
-from gpu_admission.engine import analyse_gpu_pod
+from gpu_admission.admission.pod import analyse_gpu_pod
+from gpu_admission.core.timeframe import Range, WorkingHours, iso
 from gpu_admission.policy.model import Policy
 from gpu_admission.reclaim.names import (
     ACTIONABLE_KINDS,
@@ -50,9 +51,8 @@ from gpu_admission.reclaim.names import (
     RECLAIMED_AT_ANNOTATION,
     SCALABLE_KINDS,
 )
-from gpu_admission.report.compute import idle_flags, idle_runs
-from gpu_admission.report.data import Fetched, GpuData
-from gpu_admission.timeframe import Range, WorkingHours, iso
+from gpu_admission.usage.compute import idle_flags, idle_runs
+from gpu_admission.usage.data import Fetched, GpuData
 
 #: How far back the controller looks: a run of working hours never crosses midnight
 #: (WorkingHours refuses such windows), so one day holds the longest run there is.

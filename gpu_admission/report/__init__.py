@@ -1,5 +1,6 @@
 """``gpu-admission report``: GPU waste from dcgm-exporter series in Prometheus (issue 10).
 
-Layers: ``query`` (Prometheus HTTP API, chunked, I/O), ``compute`` and ``sharing`` (pure),
-``render`` and ``html`` (output), ``cli`` (the command). Docs: docs/report.md.
+The face over :mod:`gpu_admission.usage` (queries, computation, shared with ``reclaim``):
+``render`` and ``html`` (output), ``cli`` (the command, with ``reclaim``'s preview).
+Docs: docs/report.md.
 """

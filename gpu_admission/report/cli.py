@@ -1,6 +1,6 @@
 """``gpu-admission report``: how much GPU is wasted, and what sharing would give back.
 
-Reads dcgm-exporter series from Prometheus (``gpu_admission.report.query``), computes the
+Reads dcgm-exporter series from Prometheus (``gpu_admission.usage.query``), computes the
 figures (``compute``, ``sharing``) and renders them (``render``, ``html``). See docs/report.md.
 
 Exit codes: 0 complete, 1 partial (some GPU lacks samples for part of the range: a GPU that
@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gpu_admission.policy.model import PolicyError, default_policy, load_policy
-from gpu_admission.prom import PromError, PrometheusClient
-from gpu_admission.reclaim.plan import preview
-from gpu_admission.report.compute import Options, build_report, to_json
-from gpu_admission.report.query import NoDataError, Progress, fetch
-from gpu_admission.report.render import render_csv, render_json, render_table
-from gpu_admission.timeframe import (
+from gpu_admission.core.timeframe import (
     WorkingHours,
     parse_duration,
     parse_instant,
     parse_zone,
     resolve_range,
 )
+from gpu_admission.policy.model import PolicyError, default_policy, load_policy
+from gpu_admission.reclaim.plan import preview
+from gpu_admission.report.render import render_csv, render_json, render_table
+from gpu_admission.usage.compute import Options, build_report, to_json
+from gpu_admission.usage.prom import PromError, PrometheusClient
+from gpu_admission.usage.query import NoDataError, Progress, fetch
 
 if TYPE_CHECKING:
     from click._termui_impl import ProgressBar

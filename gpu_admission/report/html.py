@@ -17,8 +17,8 @@ from string import Template
 from typing import Any, Final
 
 from gpu_admission import __version__
-from gpu_admission.report.compute import Report
 from gpu_admission.report.render import fmt
+from gpu_admission.usage.compute import Report
 
 NO_DATA_COLOR: Final = "#e6e8ec"
 IDLE_COLOR: Final = "#d55e00"  # idle GPU-hours bars

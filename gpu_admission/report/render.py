@@ -1,6 +1,6 @@
 """Rendering of ``gpu-admission report`` as table, CSV and JSON.
 
-Table and CSV are drawn from the JSON document (:func:`gpu_admission.report.compute.to_json`),
+Table and CSV are drawn from the JSON document (:func:`gpu_admission.usage.compute.to_json`),
 so every face shows the same, identically rounded figures.
 """
 
@@ -88,7 +88,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: set[i
 
 def render_table(doc: dict[str, Any]) -> str:
     rng, fleet, s, st = doc["range"], doc["fleet"], doc["sharingEstimate"], doc["settings"]
-    f = s.get("fractional")  # the fractional estimate (gpu_admission.report.sharing)
+    f = s.get("fractional")  # the fractional estimate (gpu_admission.usage.sharing)
     fractional_rows = ([["after, fractional (estimate)", f["gpusNeeded"],
                          f["utilizationPercent"]]] if f is not None else [])
     parts = [

@@ -13,14 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpu_admission.decision import Mode, RequestFacts, Violation
+from gpu_admission.core.decision import Mode, RequestFacts, Violation
+from gpu_admission.core.patch import PatchBuilder
+from gpu_admission.core.vocab import GPU_MEMORY_RESOURCE
 from gpu_admission.dra.analysis import DraContainer, DraPod
-from gpu_admission.fractional import NOT_FRACTIONAL, Fraction, Plan
-from gpu_admission.nodepools import Landing
-from gpu_admission.patch import PatchBuilder
+from gpu_admission.facts.fractional import NOT_FRACTIONAL, Fraction, Plan
+from gpu_admission.facts.nodepools import Landing
+from gpu_admission.facts.other_systems import OtherContainer, OtherGpu
 from gpu_admission.policy.model import Compiled, NodePool, Policy
-from gpu_admission.sharing_systems import OtherContainer, OtherGpu
-from gpu_admission.vocab import GPU_MEMORY_RESOURCE
 
 
 @dataclass(slots=True)

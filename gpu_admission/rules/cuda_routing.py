@@ -18,9 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_admission.cuda import version_tuple
+from gpu_admission.core.cuda import version_tuple
+from gpu_admission.core.vocab import (
+    CUDA_VERSION_LABEL,
+    GFD_CUDA_RUNTIME_MAJOR,
+    GFD_CUDA_RUNTIME_MINOR,
+)
 from gpu_admission.rules.base import Context
-from gpu_admission.vocab import CUDA_VERSION_LABEL, GFD_CUDA_RUNTIME_MAJOR, GFD_CUDA_RUNTIME_MINOR
 
 CONFLICT = "cuda-version-conflict"
 SELECTOR_CONFLICT = "cuda-node-selector-conflict"

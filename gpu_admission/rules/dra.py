@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gpu_admission.decision import Mode, Violation
+from gpu_admission.core.decision import Mode, Violation
 from gpu_admission.rules.base import Context
 from gpu_admission.rules.memory import (
     FRACTION_VARS,

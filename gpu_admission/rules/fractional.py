@@ -38,9 +38,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gpu_admission.fractional import Fraction, visible_devices_env
-from gpu_admission.rules.base import Context
-from gpu_admission.vocab import (
+from gpu_admission.core.vocab import (
     DEFAULT_SCHEDULER,
     GPU_CONFIGMAP_ANNOTATION,
     GPU_MEMORY_ANNOTATION,
@@ -48,6 +46,8 @@ from gpu_admission.vocab import (
     GPU_RESOURCE,
     SHARED_SUFFIX,
 )
+from gpu_admission.facts.fractional import Fraction, visible_devices_env
+from gpu_admission.rules.base import Context
 
 LIMIT: Final = "memory-limit"
 VISIBLE_DEVICES: Final = "gpu-visible-devices"

@@ -62,11 +62,11 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
-from gpu_admission.decision import Mode, Violation
-from gpu_admission.fractional import is_visible_devices_ref
-from gpu_admission.patch import PatchBuilder, last_indexes
+from gpu_admission.core.decision import Mode, Violation
+from gpu_admission.core.patch import PatchBuilder, last_indexes
+from gpu_admission.facts.fractional import is_visible_devices_ref
+from gpu_admission.facts.other_systems import KAI
 from gpu_admission.rules.base import Context
-from gpu_admission.sharing_systems import KAI
 
 ISOLATION: Final = "gpu-access-isolation"
 VISIBLE_DEVICES: Final = "gpu-visible-devices"

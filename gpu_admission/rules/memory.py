@@ -48,12 +48,17 @@ import re
 from collections.abc import Callable
 from typing import Final
 
-from gpu_admission.engines import EngineUse, recognise
-from gpu_admission.fractional import HAMI_MEMORY_LIMIT, Fraction, hami_limit_bytes, hami_limit_text
-from gpu_admission.patch import last_indexes
+from gpu_admission.core.patch import last_indexes
+from gpu_admission.facts.fractional import (
+    HAMI_MEMORY_LIMIT,
+    Fraction,
+    hami_limit_bytes,
+    hami_limit_text,
+)
+from gpu_admission.facts.other_systems import OtherContainer
+from gpu_admission.facts.serving_engines import EngineUse, recognise
 from gpu_admission.policy.model import MemoryLimits, NodePool
 from gpu_admission.rules.base import Context, GpuContainer
-from gpu_admission.sharing_systems import OtherContainer
 
 LIMIT: Final = "memory-limit"
 UNVERIFIABLE: Final = "memory-limit-unverifiable"

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Final
 
+from gpu_admission.facts.other_systems import KAI, SYSTEM_NAMES, kai_env_ok
+from gpu_admission.facts.other_systems import VISIBLE_DEVICES as ENV
 from gpu_admission.rules.base import Context
 from gpu_admission.rules.gpu_access import VISIBLE_DEVICES, last_entry
-from gpu_admission.sharing_systems import KAI, SYSTEM_NAMES, kai_env_ok
-from gpu_admission.sharing_systems import VISIBLE_DEVICES as ENV
 
 RULE: Final = "other-sharing-system"
 

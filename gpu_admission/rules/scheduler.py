@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from gpu_admission.core.vocab import DEFAULT_SCHEDULER
 from gpu_admission.rules.base import Context
-from gpu_admission.vocab import DEFAULT_SCHEDULER
 
 RULE: Final = "scheduler-name"
 DAEMONSET_KIND: Final = "DaemonSet"

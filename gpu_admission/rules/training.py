@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from gpu_admission.core.vocab import GFD_SHARING_STRATEGY, SHARED_STRATEGIES
 from gpu_admission.rules.base import Context
-from gpu_admission.vocab import GFD_SHARING_STRATEGY, SHARED_STRATEGIES
 
 RULE: Final = "no-training-on-shared-gpu"
 PROTECTION: Final[dict[str, Any]] = {

@@ -8,8 +8,8 @@ reports the bad value.
 
 from __future__ import annotations
 
+from gpu_admission.core.vocab import WORKLOAD_CLASSES, WORKLOAD_LABEL
 from gpu_admission.rules.base import Context
-from gpu_admission.vocab import WORKLOAD_CLASSES, WORKLOAD_LABEL
 
 
 class WorkloadLabel:

@@ -47,14 +47,14 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from structlog.typing import FilteringBoundLogger
 
+from gpu_admission.admission.claims import evaluate_claim, is_claim_kind
+from gpu_admission.admission.engine import evaluate
 from gpu_admission.auditlog.record import audit_annotations, decision_record
 from gpu_admission.auditlog.writer import DecisionLog
-from gpu_admission.certs import not_after
-from gpu_admission.decision import Decision, RequestFacts, Stage
-from gpu_admission.dra.claims import evaluate_claim, is_claim_kind
+from gpu_admission.certs.bundle import not_after
+from gpu_admission.core.decision import Decision, RequestFacts, Stage
 from gpu_admission.dra.model import DraSnapshot
-from gpu_admission.engine import evaluate
-from gpu_admission.nodepools import NodeView
+from gpu_admission.facts.nodepools import NodeView
 from gpu_admission.policy.model import Policy, PolicyError, default_policy, load_policy
 from gpu_admission.server.config import ServerConfig
 from gpu_admission.server.logs import info_writer, make_logger

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
-from gpu_admission.certs import CA_FILE, CERT_FILE, KEY_FILE, ensure_dev_certs
-from gpu_admission.cli_options import kubeconfig_option
+from gpu_admission.certs.bundle import CA_FILE, CERT_FILE, KEY_FILE, ensure_dev_certs
+from gpu_admission.cli.options import kubeconfig_option
 from gpu_admission.dra.model import DraSourceError
 from gpu_admission.policy.model import PolicyError
 from gpu_admission.server.app import create_app

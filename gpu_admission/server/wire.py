@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import orjson
 
-from gpu_admission.decision import RequestFacts, Stage
+from gpu_admission.core.decision import RequestFacts, Stage
 from gpu_admission.rules.gpu_access import EPHEMERAL_KIND, EPHEMERAL_SUBRESOURCE
 
 V1: Final = "admission.k8s.io/v1"

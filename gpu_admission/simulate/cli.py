@@ -13,7 +13,6 @@ from typing import Any, TextIO
 import click
 import orjson
 
-from gpu_admission.manifests import InputError, read_documents
 from gpu_admission.policy.model import PolicyError, default_policy, load_policy
 from gpu_admission.simulate.core import MAX_PERCENT, PLACEMENTS, Result, simulate
 from gpu_admission.simulate.trace import (
@@ -24,6 +23,7 @@ from gpu_admission.simulate.trace import (
     openb_nodes,
     openb_pods,
 )
+from gpu_admission.workloads.files import InputError, read_documents
 
 OPENB_NOTE = ("openb pods carry no labels: a share (gpu_milli < 1000) is a fractional pod "
               "asking its share of one card (as with gpu-admission.io/gpu-memory), 1000 asks "

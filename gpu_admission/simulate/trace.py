@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gpu_admission.core.quantity import integer_quantity, quantity_mib, quantity_value
+from gpu_admission.core.vocab import GPU_MEMORY_ANNOTATION, GPU_RESOURCE
 from gpu_admission.placement.frag import MILLI, Shape
-from gpu_admission.quantity import integer_quantity, quantity_mib, quantity_value
-from gpu_admission.vocab import GPU_MEMORY_ANNOTATION, GPU_RESOURCE
 
 NODE_COLUMNS: Final = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS: Final = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")

@@ -18,7 +18,7 @@ from gpu_admission.auditlog.record import (
     format_time,
     is_valid_annotation_key,
 )
-from gpu_admission.decision import Decision, Mode, RequestFacts, Violation
+from gpu_admission.core.decision import Decision, Mode, RequestFacts, Violation
 from tests.builders import make_container, make_pod
 
 SECRET = "s3cr3t-token-value"

@@ -25,7 +25,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gpu_admission.certs import write_bundle
+from gpu_admission.certs.bundle import write_bundle
 from tests.builders import make_container, make_pod, make_review
 from tests.server_support import SERVICE_HOST, free_port, new_bundle, poll_until, subprocess_env
 

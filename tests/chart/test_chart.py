@@ -25,9 +25,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpu_admission.certs import service_dns_names
+from gpu_admission.certs.bundle import service_dns_names
+from gpu_admission.certs.install import install_certs
 from gpu_admission.extender.cli import extender
-from gpu_admission.install_certs import install_certs
 from gpu_admission.policy.model import default_policy, load_policy
 from gpu_admission.server.cli import serve
 from tests.chart.policy_schema import SCHEMA_FILE, updated

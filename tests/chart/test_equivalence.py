@@ -22,8 +22,8 @@ from typing import Any
 import celpy.adapter
 import pytest
 
-from gpu_admission import vocab
 from gpu_admission.compile.evaluator import selector_matches
+from gpu_admission.core import vocab
 from tests.builders import make_container, make_pod, make_review
 from tests.chart_support import (
     component,

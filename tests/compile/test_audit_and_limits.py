@@ -17,7 +17,7 @@ import pytest
 from gpu_admission.compile.compiler import compile_policy
 from gpu_admission.compile.evaluator import CelError, activation_of, admit, counting_cost, run
 from gpu_admission.compile.offline import as_admitted
-from gpu_admission.decision import RequestFacts
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.policy.model import policy_from_dict
 from tests.builders import make_container, make_pod
 from tests.compile_support import check, compiled, modes_policy

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gpu_admission.compile.cel import glob_to_re2, lit, pyrepr
 from gpu_admission.compile.evaluator import program
 from gpu_admission.compile.units import serving_image_rows
-from gpu_admission.cuda import serving_rules
+from gpu_admission.core.cuda import serving_rules
 
 # Printable text as env values and labels carry it; Python escapes non-printable characters
 # as \xNN, which the CEL form does not (docs/compile.md, "Differences").
@@ -82,7 +82,7 @@ def test_constant_variables_are_written_into_the_expressions_that_read_them() ->
     """compiler.inline_constants: a literal variable (one evaluation per policy in the API
     server) becomes a literal (built once, when the API server compiles the expression); the
     others stay, and the meaning does not change."""
-    from gpu_admission.compile.compiler import inline_constants  # noqa: PLC0415
+    from gpu_admission.compile.objects import inline_constants  # noqa: PLC0415
 
     spec: dict[str, Any] = {
         "matchConditions": [{"name": "c", "expression": "variables.pool != 'x'"}],

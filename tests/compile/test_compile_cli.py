@@ -17,8 +17,8 @@ from click.testing import CliRunner, Result
 
 from gpu_admission.cli import main
 from gpu_admission.compile.rules import UNITS, WEBHOOK_ONLY, unit_for
-from gpu_admission.evaluate_cli import COMPILED_PLACEMENT
-from gpu_admission.nodepools import ASSUMED
+from gpu_admission.evaluate.cli import COMPILED_PLACEMENT
+from gpu_admission.facts.nodepools import ASSUMED
 from gpu_admission.policy.model import RULE_IDS, default_policy, load_policy, policy_from_yaml
 from tests.builders import make_container, make_pod
 from tests.compile_support import modes_policy

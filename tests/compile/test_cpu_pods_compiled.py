@@ -1,7 +1,7 @@
 """Issue 32: the compiled policies route CPU pods as the engine does (the engine is the
 oracle). A pod without a GPU meets the guard half (``guard.gpu-admission.io``); one naming a
 GPU resource at zero quantity, or KAI's annotations, meets the GPU half; both are held to
-``tests/engine/test_cpu_pods_scheduler.py``'s table, on a second pass too (idempotent)."""
+``tests/admission/test_cpu_pods_scheduler.py``'s table, on a second pass too (idempotent)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
+from gpu_admission.admission.engine import evaluate
 from gpu_admission.compile.compiler import compile_policy
 from gpu_admission.compile.evaluator import admit
 from gpu_admission.compile.guard import compile_guard, guard_digest
 from gpu_admission.compile.offline import as_admitted
-from gpu_admission.decision import RequestFacts
-from gpu_admission.engine import evaluate
-from gpu_admission.patch import apply_ops
+from gpu_admission.core.decision import RequestFacts
+from gpu_admission.core.patch import apply_ops
 from gpu_admission.policy.model import Policy, default_policy
-from tests.engine.test_cpu_pods_scheduler import (
+from tests.admission.test_cpu_pods_scheduler import (
     TABLE,
     clean_cpu_pod,
     evaluate_cpu_workloads,

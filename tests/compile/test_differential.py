@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from gpu_admission.compile.evaluator import admit
-from gpu_admission.decision import RequestFacts
+from gpu_admission.core.decision import RequestFacts
 from tests.compile_support import check, compiled, is_dra, pods, request_facts
 from tests.corpus_support import corpus
 

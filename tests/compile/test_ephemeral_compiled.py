@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpu_admission.compile.evaluator import admit
-from gpu_admission.decision import RequestFacts
+from gpu_admission.core.decision import RequestFacts
 from tests.builders import make_container
 from tests.compile_support import check, compiled
 from tests.guard.test_ephemeral import ALL, ENGINE_CASES, debug_container, running_pod, with_debug

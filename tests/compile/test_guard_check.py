@@ -16,7 +16,7 @@ import yaml
 
 from gpu_admission.compile.evaluator import admit
 from gpu_admission.compile.guard import compile_guard, guard_digest
-from gpu_admission.decision import RequestFacts
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.policy.model import default_policy, policy_from_dict
 from tests.builders import make_container, make_pod
 from tests.compile.test_audit_and_limits import _event

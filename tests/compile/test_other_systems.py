@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpu_admission.admission.engine import evaluate
 from gpu_admission.compile.compiler import CompileFailure, compile_policy
 from gpu_admission.compile.evaluator import admit
 from gpu_admission.compile.offline import as_admitted
-from gpu_admission.decision import RequestFacts
-from gpu_admission.engine import evaluate
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.policy.model import default_policy, policy_from_dict
 from tests.compile_support import check, pods, request_facts
 

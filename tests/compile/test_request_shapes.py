@@ -35,7 +35,7 @@ from gpu_admission.compile.evaluator import (
 )
 from gpu_admission.compile.guard import compile_guard
 from gpu_admission.compile.offline import as_admitted
-from gpu_admission.decision import RequestFacts
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.policy.model import RULE_IDS, Policy, default_policy, policy_from_dict
 from tests.builders import make_container, make_pod
 from tests.compile_support import modes_policy

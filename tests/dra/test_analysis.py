@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpu_admission.core.quantity import quantity_mib
 from gpu_admission.dra.analysis import DEFAULT_GPU_CLASSES, analyze_pod
 from gpu_admission.dra.model import DraSnapshot
 from gpu_admission.policy.model import PolicyError, policy_from_dict
-from gpu_admission.quantity import quantity_mib
 from tests.dra.objects import (
     INFERENCE,
     NS,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from gpu_admission.certs import write_bundle
+from gpu_admission.certs.bundle import write_bundle
 from tests.dra.objects import INFERENCE, POLICY_YAML, TRAINING, cluster, dra_pod
 from tests.kube_api_support import api_in_thread, write_kubeconfig
 from tests.server_support import free_port, new_bundle

@@ -22,10 +22,7 @@ import orjson
 import yaml
 from aiohttp import web
 
-from gpu_admission.extender.app import STATE, ExtenderConfig, ExtenderState, create_app
-from gpu_admission.extender.binder import BindConfig, Binder, KubeState
-from gpu_admission.server.logs import make_logger
-from gpu_admission.vocab import (
+from gpu_admission.core.vocab import (
     GPU_CONFIGMAP_ANNOTATION,
     GPU_CONFIGMAP_KEY,
     GPU_CONFIGMAP_PREFIX,
@@ -34,6 +31,9 @@ from gpu_admission.vocab import (
     GPU_UUID_ANNOTATION,
     RESERVATION_LABEL,
 )
+from gpu_admission.extender.app import STATE, ExtenderConfig, ExtenderState, create_app
+from gpu_admission.extender.binder import BindConfig, Binder, KubeState
+from gpu_admission.server.logs import make_logger
 from tests.extender_support import make_node
 from tests.kube_api_support import FakeApiServer, running_api
 from tests.server_support import free_port

@@ -24,12 +24,12 @@ import pytest
 from aiohttp import web
 from kubernetes import client as k8s
 
-from gpu_admission.certs import generate_bundle, write_bundle
+from gpu_admission.certs.bundle import generate_bundle, write_bundle
+from gpu_admission.core.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_UUID_ANNOTATION
 from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod
 from gpu_admission.kube.aio import AsyncKube
 from gpu_admission.kube.client import KubeError
 from gpu_admission.placement.fractional import choose
-from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_UUID_ANNOTATION
 from tests.extender.fractional_support import (
     CARD_MIB,
     HEADROOM_MIB,

@@ -17,15 +17,15 @@ import orjson
 import pytest
 import yaml
 
-from gpu_admission.extender.app import STATE
-from gpu_admission.placement.frag import Nodes, Shape, rank
-from gpu_admission.vocab import (
+from gpu_admission.core.vocab import (
     CONFIGMAP_LABEL,
     GPU_CONFIGMAP_ANNOTATION,
     GPU_CONFIGMAP_KEY,
     GPU_MEMORY_RESOURCE,
     GPU_UUID_ANNOTATION,
 )
+from gpu_admission.extender.app import STATE
+from gpu_admission.placement.frag import Nodes, Shape, rank
 from tests.extender.fractional_support import (
     CARD_MIB,
     NAMESPACE,

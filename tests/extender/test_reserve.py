@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpu_admission.cli import main
-from gpu_admission.vocab import GPU_UUID_ANNOTATION
+from gpu_admission.core.vocab import GPU_UUID_ANNOTATION
 from tests.kube_api_support import api_in_thread
 from tests.server_support import subprocess_env
 

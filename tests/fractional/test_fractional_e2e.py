@@ -24,7 +24,7 @@ import orjson
 import pytest
 import yaml
 
-from gpu_admission.evaluate_cli import offline_uid
+from gpu_admission.evaluate.cli import offline_uid
 from tests.builders import make_container, make_review, patch_ops
 from tests.fractional.support import (
     BAD_INPUT,

@@ -12,9 +12,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpu_admission.decision import Decision, RequestFacts
-from gpu_admission.engine import analyse_gpu_pod, evaluate
-from gpu_admission.fractional import requested_share_mib
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.admission.pod import analyse_gpu_pod
+from gpu_admission.core.decision import Decision, RequestFacts
+from gpu_admission.facts.fractional import requested_share_mib
 from gpu_admission.policy.model import PolicyError, policy_from_yaml
 from gpu_admission.rules.memory import WAY_OUT
 from tests.builders import make_container, make_pod

@@ -1,4 +1,4 @@
-"""The pure helpers of gpu_admission.fractional the webhook and the extender share."""
+"""The pure helpers of gpu_admission.facts.fractional the webhook and the extender share."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpu_admission.fractional import (
+from gpu_admission.core.quantity import integer_quantity
+from gpu_admission.facts.fractional import (
     Problem,
     configmap_name,
     hami_limit_bytes,
@@ -20,7 +21,6 @@ from gpu_admission.fractional import (
     visible_devices_value,
 )
 from gpu_admission.policy.model import NodePool, default_policy
-from gpu_admission.quantity import integer_quantity
 from tests.builders import make_container, make_pod
 from tests.fractional.support import policy
 

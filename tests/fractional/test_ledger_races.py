@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from gpu_admission.core.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_UUID_ANNOTATION
 from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod
 from gpu_admission.placement.fractional import NEW_GPU, choose
 from gpu_admission.placement.ledger import OPENING_PREFIX, Assignment, Ledger, NodeView
 from gpu_admission.policy.model import Placement
-from gpu_admission.vocab import GPU_CONFIGMAP_ANNOTATION, GPU_UUID_ANNOTATION
 from tests.extender.fractional_support import NAMESPACE, TENANT, frac_node, frac_pod
 
 CARD = 81920  # MiB, A100 80GB

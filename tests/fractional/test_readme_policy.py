@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gpu_admission.compile.evaluator import run
-from gpu_admission.vocab import GPU_CONFIGMAP_PREFIX
+from gpu_admission.core.vocab import GPU_CONFIGMAP_PREFIX
 
 README = Path(__file__).parents[2] / "docs" / "fractional.md"
 SCHEDULER = "system:serviceaccount:gpu-admission:gpu-aware-scheduler"

@@ -24,8 +24,8 @@ import orjson
 import pytest
 import yaml
 
-from gpu_admission.decision import Mode, RequestFacts
-from gpu_admission.engine import evaluate
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.core.decision import Mode, RequestFacts
 from gpu_admission.policy.model import default_policy
 from tests.builders import make_container, make_pod, make_review, patch_ops
 from tests.server_support import Server, serving

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_admission.decision import Decision
+from gpu_admission.core.decision import Decision
 from gpu_admission.rules.gpu_access import DEVICE_PATH_PATTERN, is_device_path
 from tests.builders import make_container, make_pod
 from tests.policy_helpers import DEFAULT_ENV, facts, policy_with, run

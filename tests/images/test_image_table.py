@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gpu_admission.cuda import cuda_from_image, serving_rules
-from gpu_admission.decision import RequestFacts
-from gpu_admission.engine import evaluate
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.core.cuda import cuda_from_image, serving_rules
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.policy.model import PolicyError, policy_from_dict
 from tests.builders import make_container, make_pod
 

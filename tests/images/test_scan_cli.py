@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_admission.decision import RequestFacts
-from gpu_admission.engine import evaluate
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.policy.model import default_policy_text, policy_from_dict
 from tests.builders import make_container, make_pod
 from tests.registry_support import Pusher, Registry, running_registry

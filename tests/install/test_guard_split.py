@@ -29,6 +29,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.admission.pod import gpu_containers
 from gpu_admission.cli import main
 from gpu_admission.compile.evaluator import SHORTCUT_CONDITIONS, admit, selector_matches
 from gpu_admission.compile.guard import (
@@ -37,9 +39,8 @@ from gpu_admission.compile.guard import (
     guard_digest,
     webhook_fallback_condition,
 )
-from gpu_admission.decision import RequestFacts
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.dra.analysis import needs_analysis
-from gpu_admission.engine import evaluate, gpu_containers
 from gpu_admission.policy.model import default_policy, policy_from_dict, policy_from_yaml
 from gpu_admission.rules import gpu_access
 from tests.builders import make_container, make_pod

@@ -47,11 +47,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_admission import vocab
-from gpu_admission.certs import generate_bundle, service_dns_names, write_bundle
-from gpu_admission.decision import RequestFacts
-from gpu_admission.engine import evaluate, gpu_containers
-from gpu_admission.install_certs import install_certs
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.admission.pod import gpu_containers
+from gpu_admission.certs.bundle import generate_bundle, service_dns_names, write_bundle
+from gpu_admission.certs.install import install_certs
+from gpu_admission.core import vocab
+from gpu_admission.core.decision import RequestFacts
 from gpu_admission.kube.dra import RESOURCES as DRA_RESOURCES
 from gpu_admission.kube.nodes import NODES
 from gpu_admission.policy.model import default_policy, load_policy

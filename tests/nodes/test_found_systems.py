@@ -16,9 +16,9 @@ import jsonpatch
 import pytest
 import yaml
 
-from gpu_admission.decision import Decision, RequestFacts
-from gpu_admission.engine import evaluate
-from gpu_admission.nodepools import node_view
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.core.decision import Decision, RequestFacts
+from gpu_admission.facts.nodepools import node_view
 from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
 from tests.builders import make_review, patch_ops
 from tests.kube_api_support import running_api

@@ -11,9 +11,9 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from gpu_admission.decision import RequestFacts
-from gpu_admission.engine import evaluate
-from gpu_admission.nodepools import GpuNode, can_land, gfd_pool, node_view
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.core.decision import RequestFacts
+from gpu_admission.facts.nodepools import GpuNode, can_land, gfd_pool, node_view
 from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
 from tests.nodes_support import (
     PROTECT,

@@ -10,10 +10,10 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from gpu_admission.decision import Decision, RequestFacts
-from gpu_admission.engine import evaluate
-from gpu_admission.engines import recognise
-from gpu_admission.nodepools import node_view
+from gpu_admission.admission.engine import evaluate
+from gpu_admission.core.decision import Decision, RequestFacts
+from gpu_admission.facts.nodepools import node_view
+from gpu_admission.facts.serving_engines import recognise
 from gpu_admission.policy.model import Policy, default_policy, policy_from_dict
 from tests.nodes_support import env_map, t4_node
 

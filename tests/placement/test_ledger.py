@@ -8,8 +8,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from gpu_admission.core.vocab import GPU_UUID_ANNOTATION, RESERVATION_LABEL
 from gpu_admission.extender.binder import BindConfig, configmap, reservation_pod
-from gpu_admission.fractional import visible_devices_value
+from gpu_admission.facts.fractional import visible_devices_value
 from gpu_admission.placement.fractional import NEW_GPU, choose, no_fit_reason
 from gpu_admission.placement.frag import OURS, Workload, typical_arrays
 from gpu_admission.placement.ledger import (
@@ -19,7 +20,6 @@ from gpu_admission.placement.ledger import (
     uuid_of,
 )
 from gpu_admission.policy.model import Placement
-from gpu_admission.vocab import GPU_UUID_ANNOTATION, RESERVATION_LABEL
 from tests.corpus_support import SCHEMA_VERSION
 from tests.extender.fractional_support import NAMESPACE, frac_node, frac_pod, whole_pod
 

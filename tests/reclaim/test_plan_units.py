@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpu_admission.core.timeframe import Range
 from gpu_admission.policy.model import PolicyError, policy_from_dict
 from gpu_admission.reclaim.plan import (
     Action,
@@ -16,8 +17,7 @@ from gpu_admission.reclaim.plan import (
     memory_text,
     resolve_owner,
 )
-from gpu_admission.report.data import Fetched, GpuData
-from gpu_admission.timeframe import Range
+from gpu_admission.usage.data import Fetched, GpuData
 from tests.reclaim.scenario import deployment_pod, namespace, notebook_pod
 
 WED_NOON = 1_764_763_200  # 2025-12-03T12:00:00Z, a Wednesday

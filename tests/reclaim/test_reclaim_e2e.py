@@ -13,7 +13,7 @@ import orjson
 from click.testing import CliRunner, Result
 
 from gpu_admission.cli import main
-from gpu_admission.timeframe import iso
+from gpu_admission.core.timeframe import iso
 from tests.prometheus_support import PrometheusProcess
 from tests.reclaim.fake_api import FakeKube, fake_kube
 from tests.reclaim.scenario import (
@@ -299,10 +299,10 @@ def _next_interval_after_a_failure_is_notice_only(prom: PrometheusProcess,
     """The loop's own object across intervals: after a failed one, the next acts on notices
     only (``held``), so an outage never ends in a burst; the one after acts again."""
     from gpu_admission.policy.model import default_policy  # noqa: PLC0415
-    from gpu_admission.prom import PrometheusClient  # noqa: PLC0415
     from gpu_admission.reclaim.controller import Controller, RecordLog  # noqa: PLC0415
     from gpu_admission.reclaim.kube import KubeSource  # noqa: PLC0415
     from gpu_admission.server.logs import make_logger  # noqa: PLC0415
+    from gpu_admission.usage.prom import PrometheusClient  # noqa: PLC0415
 
     world = [namespace("bulk", scale_down=True)]
     for i in range(2):

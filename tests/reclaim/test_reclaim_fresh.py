@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gpu_admission.timeframe import iso
+from gpu_admission.core.timeframe import iso
 from tests.prometheus_support import PrometheusProcess
 from tests.reclaim.fake_api import fake_kube
 from tests.reclaim.scenario import T0, deployment_pod, namespace, notebook_pod

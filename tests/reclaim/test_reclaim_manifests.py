@@ -15,12 +15,12 @@ from click.testing import CliRunner
 
 from gpu_admission.cli import main
 from gpu_admission.policy.model import default_policy
-from gpu_admission.prom import PrometheusClient
 from gpu_admission.reclaim.cli import reclaim
 from gpu_admission.reclaim.controller import Controller, RecordLog
 from gpu_admission.reclaim.kube import KubeSource
 from gpu_admission.reclaim.lease import LeaseElector
 from gpu_admission.server.logs import make_logger
+from gpu_admission.usage.prom import PrometheusClient
 from tests.chart_support import render_chart
 from tests.install.test_manifests import flag, known_options, one, render
 from tests.prometheus_support import PrometheusProcess

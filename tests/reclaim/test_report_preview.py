@@ -7,7 +7,7 @@ import orjson
 from click.testing import CliRunner
 
 from gpu_admission.cli import main
-from gpu_admission.timeframe import iso
+from gpu_admission.core.timeframe import iso
 from tests.prometheus_support import PrometheusProcess
 from tests.reclaim.scenario import T0, T1
 

@@ -23,10 +23,10 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_admission.prom import PrometheusClient
+from gpu_admission.core.timeframe import Range
 from gpu_admission.report.html import AFTER_COLOR, FRACTIONAL_COLOR, IDLE_COLOR, SCALE
-from gpu_admission.report.query import fetch
-from gpu_admission.timeframe import Range
+from gpu_admission.usage.prom import PrometheusClient
+from gpu_admission.usage.query import fetch
 from tests import chromium_support as png  # decode_png, count_color, Chromium flags
 from tests.dcgm_history_support import Gpu, write_file
 from tests.prometheus_support import PrometheusProcess, create_blocks, running_prometheus

@@ -9,18 +9,18 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpu_admission.prom import MAX_POINTS_PER_SERIES, PromError, decode
-from gpu_admission.report.compute import idle_run_seconds, p95
-from gpu_admission.report.data import GpuData
-from gpu_admission.report.query import merge_util, plan_chunks
-from gpu_admission.report.sharing import Item, pack
-from gpu_admission.timeframe import (
+from gpu_admission.core.timeframe import (
     Range,
     WorkingHours,
     parse_duration,
     parse_instant,
     resolve_range,
 )
+from gpu_admission.usage.compute import idle_run_seconds, p95
+from gpu_admission.usage.data import GpuData
+from gpu_admission.usage.prom import MAX_POINTS_PER_SERIES, PromError, decode
+from gpu_admission.usage.query import merge_util, plan_chunks
+from gpu_admission.usage.sharing import Item, pack
 
 UTC = ZoneInfo("UTC")
 

@@ -18,7 +18,7 @@ import kubernetes_validate
 import orjson
 import pytest
 
-from gpu_admission.certs import generate_bundle
+from gpu_admission.certs.bundle import generate_bundle
 from gpu_admission.policy.model import default_policy_text
 from gpu_admission.server import app as app_module
 from gpu_admission.server.app import ssl_context

@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gpu_admission.certs import write_bundle
+from gpu_admission.certs.bundle import write_bundle
 from tests.builders import make_pod, make_review
 from tests.server_support import (
     SERVICE_HOST,

@@ -6,7 +6,7 @@ every unit reads, are in :mod:`gpu_admission.compile.units`.
 
 from __future__ import annotations
 
-from gpu_admission.decision import Mode
+from gpu_admission.core.decision import Mode
 from gpu_admission.policy.model import Policy
 from gpu_admission.rules import gpu_access
 

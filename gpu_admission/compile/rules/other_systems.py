@@ -6,9 +6,7 @@ every unit reads, are in :mod:`gpu_admission.compile.units`.
 
 from __future__ import annotations
 
-from gpu_admission.policy.model import Policy
-from gpu_admission.rules import other_systems
-from gpu_admission.sharing_systems import (
+from gpu_admission.facts.other_systems import (
     HAMI,
     HAMI_CORES,
     HAMI_MEMORY,
@@ -20,6 +18,8 @@ from gpu_admission.sharing_systems import (
     KAI_MEMORY,
     SYSTEM_NAMES,
 )
+from gpu_admission.policy.model import Policy
+from gpu_admission.rules import other_systems
 
 from ..cel import concat, has_path, lit, rec, trunc, var
 from ..units import CompileError, Program, violation

@@ -6,11 +6,11 @@ every unit reads, are in :mod:`gpu_admission.compile.units`.
 
 from __future__ import annotations
 
-from gpu_admission.policy.model import Policy
-from gpu_admission.vocab import (
+from gpu_admission.core.vocab import (
     WORKLOAD_CLASSES,
     WORKLOAD_LABEL,
 )
+from gpu_admission.policy.model import Policy
 
 from ..cel import lit, pyrepr, trunc, var
 from ..units import Program, violation

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from gpu_admission.auditlog.record import audit_annotations, decision_record
-from gpu_admission.decision import Decision, Mode, RequestFacts, Stage, Violation
+from gpu_admission.core.decision import Decision, Mode, RequestFacts, Stage, Violation
 
 HERE = Path(__file__).parent
 T0 = datetime(2026, 11, 28, 9, 0, 0, tzinfo=UTC)
