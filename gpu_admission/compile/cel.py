@@ -109,7 +109,7 @@ def has_path(root: str, *fields: str) -> str:
 
 
 def glob_to_re2(glob: str) -> str:
-    """An ``fnmatch`` glob (as ``gpu_admission.cuda.compile_tag_glob`` accepts it: letters,
+    """An ``fnmatch`` glob (as ``gpu_admission.core.cuda.compile_tag_glob`` accepts it: letters,
     digits, ``_ . -`` and ``* ? [...]``) as an anchored RE2 pattern with the same meaning as
     Python's ``fnmatch.translate``."""
     out = []

@@ -5,7 +5,7 @@ emitted objects, not the engine. The steps follow the API server's admission cha
 sheet sections 3, 7 and 8): scope (``matchConstraints`` namespace selector, then
 ``matchConditions``), the MutatingAdmissionPolicy's variables and JSONPatch mutation on Pod
 CREATE, then every ValidatingAdmissionPolicy on the *mutated* Pod, with its binding's
-``validationActions``. The result is a :class:`~gpu_admission.decision.Decision`, so every
+``validationActions``. The result is a :class:`~gpu_admission.core.decision.Decision`, so every
 output of ``evaluate`` has the same keys in both modes.
 
 cel-python 0.5 lacks some Kubernetes CEL libraries; :data:`FUNCTIONS` provides the ones the

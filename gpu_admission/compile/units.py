@@ -9,7 +9,7 @@ the rule exists; the unit only says *how* it is written in CEL). A unit contribu
   evaluated on the Pod (``object``) and the request;
 * a CEL list of violations ``{"rule", "path", "message"}`` with the engine's exact texts;
 * for rules that mutate, CEL lists of RFC 6902 operations ``{"op", "path", "value"}``
-  computed against the pod as received, exactly as :class:`gpu_admission.patch.PatchBuilder`
+  computed against the pod as received, exactly as :class:`gpu_admission.core.patch.PatchBuilder`
   renders them (index-addressed env upserts, whole-map adds where the parent is missing).
 
 Every value the engine takes from the policy or from the package data files (pools, memory
@@ -331,7 +331,7 @@ def _first_of(prefix: str, *candidates: str) -> str:
 
 
 def _cuda_analysis(policy: Policy, prog: Program) -> None:
-    """engine._cuda and gpu_admission.cuda: the pod label, else the GPU containers' images
+    """engine._cuda and gpu_admission.core.cuda: the pod label, else the GPU containers' images
     (the policy's cudaRouting.images, the serving table, the built-in rules and NGC tables).
 
     Per container, two variables (the facts of one object computed once, not one variable

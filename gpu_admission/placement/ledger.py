@@ -6,15 +6,15 @@ records what it hands out before the API shows it.
 Where the numbers come from (the API is the truth, so a restarted or newly elected replica
 rebuilds exactly this from one list of pods, ConfigMaps and nodes):
 
-* a **fractional pod** (annotation :data:`~gpu_admission.vocab.GPU_MEMORY_ANNOTATION` = MiB,
-  :data:`~gpu_admission.vocab.GPU_CONFIGMAP_ANNOTATION` = its ConfigMap) bound to a node and
+* a **fractional pod** (annotation :data:`~gpu_admission.core.vocab.GPU_MEMORY_ANNOTATION` = MiB,
+  :data:`~gpu_admission.core.vocab.GPU_CONFIGMAP_ANNOTATION` = its ConfigMap) bound to a node and
   not terminated (phase ``Succeeded``/``Failed`` or deleted frees its memory) uses its MiB on
   the GPU its ConfigMap names: our label, owned by that pod's UID, key
-  :data:`~gpu_admission.vocab.GPU_CONFIGMAP_KEY` = the UUID (bare, or the CDI name
+  :data:`~gpu_admission.core.vocab.GPU_CONFIGMAP_KEY` = the UUID (bare, or the CDI name
   ``k8s.device-plugin.nvidia.com/gpu=<UUID>``);
-* a **reservation pod** (label :data:`~gpu_admission.vocab.RESERVATION_LABEL`, in the install
+* a **reservation pod** (label :data:`~gpu_admission.core.vocab.RESERVATION_LABEL`, in the install
   namespace) opens one GPU of its node: it holds one whole ``nvidia.com/gpu`` from the device
-  plugin, and its annotation :data:`~gpu_admission.vocab.GPU_UUID_ANNOTATION` says which;
+  plugin, and its annotation :data:`~gpu_admission.core.vocab.GPU_UUID_ANNOTATION` says which;
   until it says, the GPU is *opening* (identified by the reservation's name);
 * **whole-GPU pods** hold ``nvidia.com/gpu`` devices; a node's whole GPUs still free =
   allocatable ``nvidia.com/gpu`` minus those and the reservations (KAI-Scheduler's
@@ -49,7 +49,7 @@ Key = tuple[str, str]  # (namespace, name)
 
 def uuid_of(value: str) -> str:
     """The GPU UUID in a ``NVIDIA_VISIBLE_DEVICES`` value written by
-    :func:`gpu_admission.fractional.visible_devices_value`."""
+    :func:`gpu_admission.facts.fractional.visible_devices_value`."""
     value = value.strip()
     return value.removeprefix(CDI_GPU_PREFIX)
 

@@ -2,8 +2,9 @@
 a GPU :class:`~gpu_admission.placement.gpus.Snapshot` (None = no usable metrics) and the
 policy in; a filter result or scores out. No I/O, no clock.
 
-What the pod is comes from the webhook's own engine (:func:`gpu_admission.engine.analyse_gpu_pod`:
-GPU containers, workload class, node pool) and its memory rule
+What the pod is comes from the webhook's own engine
+(:func:`gpu_admission.admission.pod.analyse_gpu_pod`: GPU containers, workload class, node
+pool) and its memory rule
 (:func:`gpu_admission.rules.memory.shares_a_gpu`, :func:`~gpu_admission.rules.memory.memory_share`),
 so the extender reserves exactly the share the webhook writes into ``NVIDIA_MEM_LIMIT_MB``.
 

@@ -214,7 +214,7 @@ class ImageCuda(_Model):
     """One ``spec.cudaRouting.images`` entry: the CUDA of images the tag does not reveal.
 
     Matching rules (repository normalisation, mirrors, digests, tag globs) are
-    :class:`gpu_admission.cuda.ImageRule`'s; ``gpu-admission images scan`` prints entries.
+    :class:`gpu_admission.core.cuda.ImageRule`'s; ``gpu-admission images scan`` prints entries.
     """
 
     repository: StrictStr

@@ -1,4 +1,5 @@
-"""The policy rules, one per module, run in a fixed order by :func:`gpu_admission.engine.evaluate`.
+"""The policy rules, one per module, run in a fixed order by
+:func:`gpu_admission.admission.engine.evaluate`.
 
 Order matters only for readability of the output (every rule runs; all violations are kept):
 workload label, training placement, scheduler, CUDA routing, memory limits, fractional GPUs,

@@ -3,7 +3,7 @@
 The engine analyses the pod once (GPU containers, workload class, CUDA version, node pool,
 time-sliced targets) into a :class:`Context`; each rule then reads it, reports violations with
 :meth:`Context.violate` and, only when the request may be mutated, declares changes on
-``ctx.patch`` (a :class:`~gpu_admission.patch.PatchBuilder`, ``None`` when validating).
+``ctx.patch`` (a :class:`~gpu_admission.core.patch.PatchBuilder`, ``None`` when validating).
 Rules never stop at the first problem: every violation is collected.
 """
 
@@ -35,7 +35,7 @@ class GpuContainer:
     mig: bool  # a nvidia.com/mig-* resource (or, through DRA, only MIG slices)
     dra: DraContainer | None = None  # set when (also) given a GPU through DRA (docs/dra.md)
     other: OtherContainer | None = None  # set when another sharing system serves it (KAI, HAMi)
-    # requests gpu-admission.io/gpu-memory (a fractional GPU, gpu_admission.fractional)
+    # requests gpu-admission.io/gpu-memory (a fractional GPU, gpu_admission.facts.fractional)
     fractional: bool = False
 
     @property
@@ -82,9 +82,9 @@ class Context:
     violations: list[Violation] = field(default_factory=list)
     dra: DraPod | None = None  # the DRA view of the pod, when it names claims or DRA resources
     other: OtherGpu | None = None  # another sharing system's view (spec.otherSharingSystems)
-    # fractional GPUs (gpu_admission.fractional): the plan, and its fraction when there is one
+    # fractional GPUs (gpu_admission.facts.fractional): the plan, and its fraction when there is one
     fraction_plan: Plan = NOT_FRACTIONAL
-    #: where the visible GPU nodes say the pod lands (gpu_admission.nodepools.place); None:
+    #: where the visible GPU nodes say the pod lands (gpu_admission.facts.nodepools.place); None:
     #: no GPU node visible (or none it can land on), the policy's pools are assumed
     landing: Landing | None = None
     #: CUDA routing may patch (false where nodes are visible and the pod shares no card, or

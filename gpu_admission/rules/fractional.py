@@ -5,7 +5,7 @@ pattern with the stock NVIDIA device plugin): the GPU-aware scheduler's extender
 card at ``bind`` and writes its UUID into a ConfigMap of the pod's own; the pod must therefore
 not ask the device plugin for a GPU, must read its GPU from that ConfigMap, and must ask for
 its memory share in a resource the scheduler and ``ResourceQuota`` can count. For a pod that
-:func:`gpu_admission.fractional.plan` makes fractional, at Pod CREATE (mutate stage), every
+:func:`gpu_admission.facts.fractional.plan` makes fractional, at Pod CREATE (mutate stage), every
 GPU container gets:
 
 * ``nvidia.com/gpu`` and ``nvidia.com/gpu.shared`` removed from ``requests`` and ``limits``

@@ -16,7 +16,7 @@ The rule, for a Pod CREATE in an opted-in namespace (exemptions apply first), fo
 container and init container (ephemeral containers cannot be set on CREATE), and for every
 ephemeral container a ``pods/ephemeralcontainers`` UPDATE adds (``kubectl debug``; they never
 have a GPU request). "GPU container" is
-one the engine counts as such (:func:`~gpu_admission.engine.gpu_containers`: a non-zero
+one the engine counts as such (:func:`~gpu_admission.admission.pod.gpu_containers`: a non-zero
 ``nvidia.com/gpu``, ``nvidia.com/gpu.shared`` or ``nvidia.com/mig-*`` request or limit; plus
 containers that get a GPU through DRA, docs/dra.md). The variable's value is that of its *last*
 ``env`` entry (the one the kubelet applies):
@@ -130,9 +130,9 @@ def guard(spec: Mapping[str, Any], gpu: AbstractSet[tuple[str, int]], modes: Map
     ``others``: GPU containers whose ``NVIDIA_VISIBLE_DEVICES`` a declared other sharing
     system writes (KAI), judged by rule ``other-sharing-system`` instead.
 
-    ``fractional_configmap``: the pod is fractional (:mod:`gpu_admission.fractional`) and
+    ``fractional_configmap``: the pod is fractional (:mod:`gpu_admission.facts.fractional`) and
     its GPU comes from this ConfigMap; a GPU container whose variable is exactly the
-    webhook's own reference to it (:func:`~gpu_admission.fractional.is_visible_devices_ref`)
+    webhook's own reference to it (:func:`~gpu_admission.facts.fractional.is_visible_devices_ref`)
     passes, so that the webhook run on its own output changes and refuses nothing. Any other
     value or ``valueFrom`` (another ConfigMap or key, ``optional: true``, a Secret, a
     fieldRef) stays refused."""

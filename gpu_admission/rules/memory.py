@@ -27,7 +27,7 @@ Values come from the pod's pool (``memoryMiB // replicasPerGPU`` MiB, fraction
 unparsable one is a ``memory-limit`` violation. A ``valueFrom`` entry cannot be compared at
 admission time: it is kept and reported as ``memory-limit-unverifiable``.
 
-A fractional pod (:mod:`gpu_admission.fractional`) gets the same variables sized to its own
+A fractional pod (:mod:`gpu_admission.facts.fractional`) gets the same variables sized to its own
 share (MiB, and share / card as the fraction) and, with ``spec.placement.hamiCore: true``,
 HAMi-core's ``CUDA_DEVICE_MEMORY_LIMIT=<MiB>m`` (Project-HAMi/HAMi-core README: bytes or a
 binary ``k``/``m``/``g`` suffix; ``0`` means no limit); a per-device
@@ -271,9 +271,9 @@ class MemoryLimit:
 
 
 def apply_engine(ctx: Context, gc: GpuContainer, fraction: float, source: str) -> None:
-    """A serving engine's own memory setting (:mod:`gpu_admission.engines`, issue 33), sized
-    to the container's share of the card: upserted like the env vars (appended to ``args``
-    when absent as one ``--flag=value`` element, a lower or equal value kept, a higher or
+    """A serving engine's own memory setting (:mod:`gpu_admission.facts.serving_engines`,
+    issue 33), sized to the container's share of the card: upserted like the env vars
+    (appended to ``args`` when absent as one ``--flag=value`` element, a lower or equal value kept, a higher or
     unreadable one a ``memory-limit`` violation naming the flag; TGI through its variable
     ``CUDA_MEMORY_FRACTION`` unless the flag is given). An engine the webhook cannot set
     (started from a shell string, or an image whose command it does not know) gets a
@@ -337,7 +337,7 @@ def settled_names(wanted: Wanted) -> frozenset[str]:
 def other_wanted(pool: NodePool | None, limits: MemoryLimits,
                  other: OtherContainer) -> tuple[Wanted, str]:
     """The variables for a container whose share another sharing system grants (KAI, HAMi;
-    :mod:`gpu_admission.sharing_systems`): exactly that share, never more, and a variable
+    :mod:`gpu_admission.facts.other_systems`): exactly that share, never more, and a variable
     whose value is not known (the MiB of a fraction on an unknown card) is not written."""
     source = other.why
     wanted, _ = wanted_env(pool, limits, 0,

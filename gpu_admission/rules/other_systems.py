@@ -1,7 +1,7 @@
 """Rule ``other-sharing-system``: pods whose GPU another GPU-sharing system hands out.
 
 Why (issue 22): a KAI-Scheduler pod asks for its GPU with annotations and no resource, a HAMi
-pod with its own resources (:mod:`gpu_admission.sharing_systems`). Without knowing the
+pod with its own resources (:mod:`gpu_admission.facts.other_systems`). Without knowing the
 system, gpu-admission would silently void the first (the pod loses its GPU) and give the
 second memory variables that contradict HAMi's limit. So:
 

@@ -9,7 +9,7 @@ requirement ``nvidia.com/gpu.sharing-strategy NotIn [time-slicing, mps]`` in eve
 (terms are ORed, https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/).
 GFD labels: https://github.com/NVIDIA/k8s-device-plugin (docs/gpu-feature-discovery).
 
-Where GPU nodes are visible (:mod:`gpu_admission.nodepools`, issue 33) the node affinity
+Where GPU nodes are visible (:mod:`gpu_admission.facts.nodepools`, issue 33) the node affinity
 follows where the pod may land instead, for every GPU pod: a pod that gets no memory caps
 while sharing nodes exist gets the same ``NotIn`` requirement (it cannot land on a shared
 card uncapped), a pod that shares by default is routed to its sharing pool (an ``In``
