@@ -274,10 +274,10 @@ def apply_engine(ctx: Context, gc: GpuContainer, fraction: float, source: str) -
     """A serving engine's own memory setting (:mod:`gpu_admission.facts.serving_engines`,
     issue 33), sized to the container's share of the card: upserted like the env vars
     (appended to ``args`` when absent as one ``--flag=value`` element, a lower or equal value
-    kept, a higher or unreadable one a ``memory-limit`` violation naming the flag; TGI through its variable
-    ``CUDA_MEMORY_FRACTION`` unless the flag is given). An engine the webhook cannot set
-    (started from a shell string, or an image whose command it does not know) gets a
-    ``memory-limit-unverifiable`` warning naming the flag to add.
+    kept, a higher or unreadable one a ``memory-limit`` violation naming the flag; TGI
+    through its variable ``CUDA_MEMORY_FRACTION`` unless the flag is given). An engine the
+    webhook cannot set (started from a shell string, or an image whose command it does not
+    know) gets a ``memory-limit-unverifiable`` warning naming the flag to add.
 
     Only where the card is known: a pool read from the nodes (``ctx.landing``) or a
     fractional share. Without visible GPU nodes the policy's default fraction is a guess
