@@ -10,8 +10,9 @@ bind finds the GPU the scores promised), and ``gpu-admission simulate`` runs it 
   reservation pod) or a GPU the node can still open (a whole ``nvidia.com/gpu`` free);
 * among the nodes and GPUs that fit, the one adding the least **fragmentation** against the
   workload the extender has seen wins (:mod:`gpu_admission.placement.frag`: FGD's measure,
-  USENIX ATC '23, with memory counted and a learned workload); ties go to the tightest fit.
-  Prioritize gives the best nodes 10 and the others 1..9 (:func:`spread`); the shipped
+  USENIX ATC '23, with memory counted and a learned workload), read in levels of 100
+  milli-GPU, then best fit, then node name (:meth:`~gpu_admission.placement.frag.Ranking.order`).
+  Prioritize gives the best node 10 and the others 1..9 (:func:`spread_scores`); the shipped
   weight makes one level outweigh every in-tree plugin (docs/extender.md, Resolution).
 """
 
@@ -634,11 +635,6 @@ def spread_scores(r: Ranking) -> IntArray:
     score: IntArray = 1 + (frac * 8).astype(np.int64)  # 1..9
     score[r.best()] = MAX_EXTENDER
     return score
-
-
-def spread(r: Ranking) -> dict[int, int]:
-    """Row -> 0..10 (:func:`spread_scores`)."""
-    return dict(zip(r.rows.tolist(), spread_scores(r).tolist(), strict=True))
 
 
 MAX_EXTENDER: Final = 10
