@@ -10,8 +10,8 @@ bind finds the GPU the scores promised), and ``gpu-admission simulate`` runs it 
   reservation pod) or a GPU the node can still open (a whole ``nvidia.com/gpu`` free);
 * among the nodes and GPUs that fit, the one adding the least **fragmentation** against the
   workload the extender has seen wins (:mod:`gpu_admission.placement.frag`: FGD's measure,
-  USENIX ATC '23, with memory counted and a learned workload), read in levels of 100
-  milli-GPU, then best fit, then node name (:meth:`~gpu_admission.placement.frag.Ranking.order`).
+  USENIX ATC '23, with CPU and memory counted as budgets and a learned workload), read in
+  levels of 100 milli-GPU, then node name (:meth:`~gpu_admission.placement.frag.Ranking.order`).
   Prioritize gives the best node 10 and the others 1..9 (:func:`spread_scores`); the shipped
   weight makes one level outweigh every in-tree plugin (docs/extender.md, Resolution).
 """
@@ -625,7 +625,7 @@ def filter_share(placer: Placer, req: Request, source: NodeSource, share_mib: in
 
 def spread_scores(r: Ranking) -> IntArray:
     """0..10 for each entry of the ranking: its best entry (:meth:`Ranking.order`: the
-    fragmentation level, then best fit, then node name) 10; the others 1..9 by where their
+    fragmentation level, then node name) 10; the others 1..9 by where their
     fragmentation added falls between the best and the worst (never 10, so with the shipped
     weight kube-scheduler's own plugins cannot lift one of them over the best node)."""
     if len(r.rows) == 0:

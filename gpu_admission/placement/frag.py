@@ -19,21 +19,30 @@ Where ours differs, and why:
   CPU pod is scored by the same measure over the GPU shapes: placing it where it takes the
   last CPU or memory a GPU shape needs raises the fragmentation, so CPU pods go where GPUs
   are already used up;
+* **CPU and memory are budgets, not thresholds**: FGD sees a node's CPU only when it falls
+  below what some shape needs, so a pod may take CPU from a node with few cores per GPU at
+  no cost right up to that edge, and then every GPU there is lost at once. Two terms count
+  the GPU a node's CPU and memory cannot feed: for each shape the node can host, the GPU
+  that shape could use beyond what the free CPU and memory feed at the shape's own rate
+  (added to ``frag_k``), and for the node, :func:`stranded`: the free GPU beyond what they
+  feed at the workload's weighted mean rate. On openb a G2 node has 12 cores and 48 GiB per
+  GPU, a T4 node 52 cores and 256 GiB, while the GPU pods ask about 11 cores and 40 GiB per
+  GPU: a CPU pod, or a CPU-hungry share, placed on a G2 node brings its GPUs nearer to
+  stranding, on a T4 node it does not. The node term carries the CPU-tight traces, the
+  per-shape term keeps the nodes of model-pinned pods for them; together they place more of
+  the fleet than FGD on every openb trace tried (docs/extender.md, "The measure");
 * **the workload is learned** (:class:`Workload`): a decayed histogram of the shapes of the
   pods the scheduler has been asked to place, starting from a generic prior, instead of the
   whole trace known in advance;
-* **near-equal is equal, then pack**: a node's fragmentation added is read in levels of
-  :data:`LEVEL_MILLI` (a tenth of a card), and within the best level the node left with the
-  least free GPU (best fit) wins, then the node whose name sorts first. The measure is an
-  estimate (its weights are learned, its shapes are the popular ones only), and a few
-  milli-GPU of difference in it says less than packing does: filling the nodes already in
-  use keeps whole cards and whole nodes free for the pods that need them. FGD's own score
-  does the same in effect: ``int(100 * sigmoid(-delta / 1000))`` turns deltas into integer
-  levels 40 to 100+ milli-GPU wide and its simulator takes the first node name among equal
-  scores. On Alibaba's openb trace (docs/simulate.md) exact deltas with random ties place
-  about 0.4 points less of the fleet's GPU than levels with packing ties; levels from 40 to
-  200 milli-GPU all land within 0.2 points of each other, so the figure is not a tuned knife
-  edge. A CPU-tightest tie-break (tried) places less: GPU packing first.
+* **near-equal is equal, then first fit**: a node's fragmentation added is read in levels of
+  :data:`LEVEL_MILLI` (a tenth of a card), and within the best level the node whose name
+  sorts first wins. The measure is an estimate (its weights are learned, its shapes are the
+  popular ones only), and a few milli-GPU of difference in it says less than packing the
+  nodes already in use does. FGD's own score does the same in effect:
+  ``int(100 * sigmoid(-delta / 1000))`` turns deltas into integer levels 40 to 100+
+  milli-GPU wide and its simulator takes the first node name among equal scores. Best fit
+  within a level (the least GPU left) was tried and dropped: it sends pods that could go
+  anywhere to the small nodes that model-pinned pods need.
 
 Units: CPU in milli-CPU, memory in MiB, GPU in milli-GPU of one card (1000 = a whole card;
 a fractional pool's MiB shares are converted with the pool's card memory).
@@ -162,9 +171,12 @@ class Measure:
 
     memory: bool = True  # a shape whose memory does not fit strands the node's GPUs
     cpu_shapes: bool = False  # FGD: every free GPU is a fragment for a CPU-only shape
+    #: free GPU the node's CPU and memory left cannot feed at the workload's CPU and memory
+    #: per milli-GPU counts as fragment (:func:`stranded`); FGD has no such term
+    stranding: bool = True
 
 
-FGD: Final = Measure(memory=False, cpu_shapes=True)
+FGD: Final = Measure(memory=False, cpu_shapes=True, stranding=False)
 OURS: Final = Measure()
 
 
@@ -178,6 +190,12 @@ class Typical:
     count: IntArray  # (K,) cards
     weight: FloatArray  # (K,)
     accepts: BoolArray  # (K, models): shape k may run on a node of model m
+    #: the GPU shapes' weighted mean milli-CPU (MiB) per milli-GPU; 0 = no stranding term
+    cpu_per_milli: float = 0.0
+    mem_per_milli: float = 0.0
+    #: (K,) each shape's milli-GPU per milli-CPU (per MiB) it asks; 0 without GPU
+    milli_per_cpu: FloatArray = field(default_factory=lambda: np.zeros(0))
+    milli_per_mib: FloatArray = field(default_factory=lambda: np.zeros(0))
 
 
 def typical_arrays(shapes: Sequence[tuple[Shape, float]], models: Sequence[str],
@@ -186,12 +204,23 @@ def typical_arrays(shapes: Sequence[tuple[Shape, float]], models: Sequence[str],
     norm = sum(w for _, w in keep) or 1.0
     accepts = np.array([[not s.models or m in s.models for m in models] for s, _ in keep],
                        dtype=bool).reshape(len(keep), len(models))
+    gpu = [(s, w) for s, w in keep if s.total_milli > 0]
+    milli = sum(w * s.total_milli for s, w in gpu)
+    per_cpu = per_mem = 0.0
+    if measure.stranding and milli > 0:
+        per_cpu = sum(w * s.cpu_milli for s, w in gpu) / milli
+        per_mem = sum(w * s.mem_mib for s, w in gpu) / milli if measure.memory else 0.0
+    gpu_milli = np.array([s.total_milli for s, _ in keep], dtype=np.float64)
+    cpu = np.array([s.cpu_milli for s, _ in keep], dtype=np.float64)
+    mem = np.array([s.mem_mib if measure.memory else 0 for s, _ in keep], dtype=np.float64)
     return Typical(np.array([s.cpu_milli for s, _ in keep], dtype=np.int64),
                    np.array([s.mem_mib if measure.memory else 0 for s, _ in keep],
                             dtype=np.int64),
                    np.array([s.gpu_milli for s, _ in keep], dtype=np.int64),
                    np.array([s.gpus for s, _ in keep], dtype=np.int64),
-                   np.array([w / norm for _, w in keep], dtype=np.float64), accepts)
+                   np.array([w / norm for _, w in keep], dtype=np.float64), accepts,
+                   per_cpu, per_mem, gpu_milli / np.maximum(cpu, 1.0),
+                   gpu_milli / np.maximum(mem, 1.0))
 
 
 @dataclass
@@ -248,11 +277,11 @@ class Ranking:
 
     def order(self) -> IntArray:
         """Positions into ``rows``, best first: the least fragmentation added, in levels of
-        :data:`LEVEL_MILLI`; within a level the least free GPU left on the node (best fit);
-        then node name (:attr:`tie`). No two entries tie, so nothing is left to chance."""
+        :data:`LEVEL_MILLI`; within a level the node whose name sorts first (:attr:`tie`:
+        first fit in name order). No two entries tie, so nothing is left to chance."""
         level = np.floor(self.delta / LEVEL_MILLI + 0.5)
         last = self.rows if self.tie is None else self.tie
-        out: IntArray = np.lexsort((last, self.gpu_left, level))
+        out: IntArray = np.lexsort((last, level))
         return out
 
     def best(self) -> IntArray:
@@ -313,7 +342,7 @@ class FragCache:
         self.partial[:, rows] = np.where(fit, 0, g[None, :, :]).sum(axis=2)
         ok = _node_ok(self.typ, nodes.model[rows], nodes.cpu[rows], nodes.mem[rows])
         self.frag[rows] = _combine(self.typ, ok, self.count[:, rows], self.partial[:, rows],
-                                   self.total[rows])
+                                   self.total[rows], cpu=nodes.cpu[rows], mem=nodes.mem[rows])
 
 
 def _node_ok(typ: Typical, model: IntArray, cpu: IntArray, mem: IntArray) -> BoolArray:
@@ -325,12 +354,34 @@ def _node_ok(typ: Typical, model: IntArray, cpu: IntArray, mem: IntArray) -> Boo
 
 
 def _combine(typ: Typical, ok: BoolArray, count: IntArray, partial: IntArray,
-             total: IntArray) -> FloatArray:
-    """sum_k w_k * (partial_k if the node can host shape k else every free milli-GPU);
-    ``ok`` from :func:`_node_ok`, arrays (K, M) and (M,) for M node states."""
+             total: IntArray, *, cpu: IntArray, mem: IntArray) -> FloatArray:
+    """sum_k w_k * (partial_k if the node can host shape k else every free milli-GPU), plus
+    the GPU stranded for want of CPU or memory (:func:`stranded`); ``ok`` from
+    :func:`_node_ok`, arrays (K, M) and (M,) for M node states."""
     feasible = ok & (count >= typ.count[:, None])
-    frag: FloatArray = typ.weight @ np.where(feasible, partial, total[None, :])
+    if typ.cpu_per_milli == 0 and typ.mem_per_milli == 0:  # no stranding term (FGD)
+        plain: FloatArray = typ.weight @ np.where(feasible, partial, total[None, :])
+        return plain
+    # each shape's own rate: the milli-GPU the node's CPU and memory left feed for it
+    feed = np.minimum(
+        np.where(typ.cpu[:, None] > 0, cpu[None, :] * typ.milli_per_cpu[:, None], np.inf),
+        np.where(typ.mem[:, None] > 0, mem[None, :] * typ.milli_per_mib[:, None], np.inf))
+    unfed = np.maximum(0.0, total[None, :] - partial - feed)
+    frag: FloatArray = (typ.weight @ np.where(feasible, partial + unfed, total[None, :])
+                        + stranded(typ, total, cpu, mem))
     return frag
+
+
+def stranded(typ: Typical, total: IntArray, cpu: IntArray, mem: IntArray) -> FloatArray:
+    """Free milli-GPU of each node state that its free CPU (milli-CPU) and memory (MiB)
+    cannot feed at the workload's rate, ``max(0, total - cpu / cpu_per_milli)`` plus the
+    same for memory (see the module doc, "CPU and memory are budgets")."""
+    out: FloatArray = np.zeros(total.shape, dtype=np.float64)
+    if typ.cpu_per_milli > 0:
+        out += np.maximum(0.0, total - cpu / typ.cpu_per_milli)
+    if typ.mem_per_milli > 0:
+        out += np.maximum(0.0, total - mem / typ.mem_per_milli)
+    return out
 
 
 def rank(nodes: Nodes, pod: Shape, typ: Typical, cache: FragCache | None = None, *,
@@ -375,7 +426,7 @@ def rank(nodes: Nodes, pod: Shape, typ: Typical, cache: FragCache | None = None,
             small, -pod.gpu_milli, np.where(lost, after_c, 0))
         total_p = total[ni] - pod.gpu_milli
         after = _combine(typ, _node_ok(typ, model, cpu, mem)[:, ni], count_p, partial_p,
-                         total_p)
+                         total_p, cpu=cpu[ni], mem=mem[ni])
         delta_pair = after - before[ni]
         # best card per node: least delta, then tightest card, then lowest index
         order = np.lexsort((ci, after_c, np.round(delta_pair / EPS), ni))
@@ -389,5 +440,6 @@ def rank(nodes: Nodes, pod: Shape, typ: Typical, cache: FragCache | None = None,
     if pod.gpus > 0:  # whole cards: full cards host every shape, so each shape loses them
         count = count - pod.gpus
         total = total - MILLI * pod.gpus
-    after = _combine(typ, _node_ok(typ, model, cpu, mem), count, partial, total)
+    after = _combine(typ, _node_ok(typ, model, cpu, mem), count, partial, total, cpu=cpu,
+                     mem=mem)
     return Ranking(cand, np.full(len(cand), -1, dtype=np.int64), after - before, total, cpu)

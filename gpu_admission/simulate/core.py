@@ -35,7 +35,7 @@ Placements:
   profile: fractional, whole-GPU and CPU pods (the webhook routes CPU pods of opted-in
   namespaces there, and the extender entry without ``managedResources`` ranks them). The
   extender's prioritize gives 10 only to the best node of its ranking (fragmentation level,
-  best fit, node name: :meth:`~gpu_admission.placement.frag.Ranking.order`), with a weight
+  then node name: :meth:`~gpu_admission.placement.frag.Ranking.order`), with a weight
   that outweighs every in-tree plugin, so kube-scheduler lands on it; bind takes the
   ranking's card. Nothing is drawn;
 * ``shipped-cpu-default``: the same, CPU pods on the default scheduler

@@ -3,11 +3,12 @@ Kubernetes Node and Pod objects. PURE: text or dicts in, :class:`NodeSpec`/:clas
 out; bad input raises :class:`TraceError` naming the row (or object) and the field.
 
 openb (``alibaba/clusterdata`` ``cluster-trace-gpu-v2023``): nodes ``sn, cpu_milli,
-memory_mib, gpu, model``; pods ``name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec``
-(other columns ignored). A pod with ``num_gpu`` 1 and ``gpu_milli`` < 1000 asks a share of
-one card of any model (the trace's pods carry no labels: the built-in policy makes such a pod
-fractional, as one that asks with ``gpu-admission.io/gpu-memory``); ``gpu_milli`` 1000 asks
-``num_gpu`` whole cards; ``gpu_spec`` lists the models allowed, joined by ``|``.
+memory_mib, gpu, model``; pods ``name, cpu_milli, memory_mib, num_gpu, gpu_milli`` and
+optionally ``gpu_spec`` (other columns ignored). A pod with ``num_gpu`` 1 and ``gpu_milli``
+< 1000 asks a share of one card of any model (the trace's pods carry no labels: the built-in
+policy makes such a pod fractional, as one that asks with ``gpu-admission.io/gpu-memory``);
+``gpu_milli`` 1000 asks ``num_gpu`` whole cards; ``gpu_spec`` lists the models allowed, joined
+by ``|`` (absent or empty: any model).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from gpu_admission.core.vocab import GPU_MEMORY_ANNOTATION, GPU_RESOURCE
 from gpu_admission.placement.frag import MILLI, Shape
 
 NODE_COLUMNS: Final = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
-POD_COLUMNS: Final = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+#: ``gpu_spec`` may be left out (the openb ``multigpu*`` traces have no such column): any model
+POD_COLUMNS: Final = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 MODEL_LABEL: Final = "nvidia.com/gpu.product"  # GFD
 CARD_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"  # GFD, MiB
 

@@ -27,6 +27,10 @@ def one_node(gpus: list[int], cpu: int = 32000, mem: int = 131072, model: str = 
     return Nodes.build(["n"], [model], [cpu], [mem], [gpus])
 
 
+#: FGD's per-shape rule with our memory check, without the stranding term
+PER_SHAPE = Measure(stranding=False)
+
+
 @pytest.mark.parametrize("gpus, cpu, shapes, expected", [
     ([1000, 1000], 32000, [Shape(1000, 1024, 500, 1)], 0.0),  # every card hosts a half
     ([300, 1000], 32000, [Shape(1000, 1024, 500, 1)], 300.0),  # 300 left is a sliver
@@ -36,11 +40,62 @@ def one_node(gpus: list[int], cpu: int = 32000, mem: int = 131072, model: str = 
 ], ids=["fits", "sliver", "no-cpu", "lacks-cards", "weighted-half"])
 def test_fgd_rule_by_hand(gpus: list[int], cpu: int, shapes: list[Shape],
                           expected: float) -> None:
-    typ = typical_arrays(fixed_workload(shapes).typical(), ["T4"], OURS)
+    typ = typical_arrays(fixed_workload(shapes).typical(), ["T4"], PER_SHAPE)
     assert node_frag(one_node(gpus, cpu), typ)[0] == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("measure, expected", [(OURS, 1300.0), (FGD, 300.0)],
+@pytest.mark.parametrize("gpus, cpu, mem, expected", [
+    ([1000, 1000], 16000, 131072, 0.0),  # CPU for both cards
+    ([1000, 1000], 8000, 131072, 1000.0 + 1000.0),  # CPU for one card: per shape + mean
+    ([1000, 1000], 4000, 131072, 2000.0 + 1500.0),  # per-shape rule: all; mean: 1500
+    ([1000, 1000], 16000, 4000, 1000.0 + 1000.0),  # memory for one card
+    ([1000, 1000], 8000, 4000, 1000.0 + 2000.0),  # shape: fed for one; mean: CPU + memory
+], ids=["fed", "cpu-feeds-one-card", "below-shape-too", "memory-feeds-one", "both-short"])
+def test_stranded_gpu_is_fragment(gpus: list[int], cpu: int, mem: int,
+                                  expected: float) -> None:
+    # the workload asks 8 milli-CPU and 4 MiB per milli-GPU (8 cores, 4000 MiB a card): the
+    # shape's own term (GPU it could use that the node cannot feed for it) and the mean term
+    # (GPU the node cannot feed at the workload's mean rate) are equal for one shape
+    typ = typical_arrays(fixed_workload([Shape(8000, 4000, 1000, 1)]).typical(), ["T4"], OURS)
+    assert (typ.cpu_per_milli, typ.mem_per_milli) == (8.0, 4.0)
+    assert node_frag(one_node(gpus, cpu, mem), typ)[0] == pytest.approx(expected)
+
+
+def test_each_shape_is_fed_at_its_own_rate() -> None:
+    # half the pods ask 16 cores a card, half none: the mean (8 a card) feeds both cards of
+    # a node with 16 cores, but the CPU-hungry half can use only one of them
+    typ = typical_arrays(fixed_workload([Shape(16000, 1, 1000, 1),
+                                         Shape(0, 1, 1000, 1)]).typical(), ["T4"], OURS)
+    assert typ.cpu_per_milli == 8.0
+    assert node_frag(one_node([1000, 1000], 16000), typ)[0] == pytest.approx(0.5 * 1000.0)
+
+
+def test_fgd_measure_has_no_stranding_term() -> None:
+    typ = typical_arrays(fixed_workload([Shape(8000, 4000, 1000, 1)]).typical(), ["T4"], FGD)
+    assert (typ.cpu_per_milli, typ.mem_per_milli) == (0.0, 0.0)
+    assert node_frag(one_node([1000, 1000], 8000), typ)[0] == 0.0
+
+
+def test_cpu_pod_goes_where_cpu_is_plentiful_per_gpu() -> None:
+    # openb's two common nodes: G2 (8 cards, 96 cores, 384 GiB) and T4 (2 cards, 104 cores,
+    # 512 GiB); the workload's shares ask about 11 cores per card. A CPU pod of 16 cores on
+    # the G2 node would leave 80 cores for 8 cards (10 a card): the T4 node is the place,
+    # though neither placement takes a node below any one shape's need
+    nodes = Nodes.build(["g2", "t4"], ["G2", "T4"], [96000, 104000], [393216, 524288],
+                        [[1000] * 8, [1000, 1000]])
+    typ = typical_arrays(fixed_workload([Shape(5500, 20480, 500, 1)] * 3
+                                        + [Shape(11000, 40960, 1000, 1)]).typical(),
+                         nodes.models, OURS)
+    r = rank(nodes, Shape(16000, 32768, 0, 0), typ)
+    assert [nodes.names[int(r.rows[int(i)])] for i in r.order()] == ["t4", "g2"]
+    flat = rank(nodes, Shape(16000, 32768, 0, 0),
+                typical_arrays(fixed_workload([Shape(5500, 20480, 500, 1)] * 3
+                                              + [Shape(11000, 40960, 1000, 1)]).typical(),
+                               nodes.models, PER_SHAPE))
+    assert flat.delta.tolist() == [0.0, 0.0]  # the per-shape rule alone sees no difference
+
+
+@pytest.mark.parametrize("measure, expected", [(PER_SHAPE, 1300.0), (FGD, 300.0)],
                          ids=["ours-counts-memory", "fgd-cpu-only"])
 def test_memory_strands_gpus_in_our_measure(measure: Measure, expected: float) -> None:
     typ = typical_arrays(fixed_workload([Shape(1000, 65536, 500, 1)]).typical(), ["T4"],
@@ -120,19 +175,20 @@ def ranking(delta: list[float], gpu_left: list[int], tie: list[int] | None = Non
 
 
 @pytest.mark.parametrize("delta, gpu_left, tie, best", [
-    ([0.0, 30.0], [4000, 1000], None, 1),  # one level (100 milli): the fuller node wins
+    ([30.0, 0.0], [1000, 4000], None, 0),  # one level (100 milli): the first name wins
     ([0.0, 60.0], [4000, 1000], None, 0),  # 60 rounds to the next level: the delta wins
-    ([-49.0, 49.0], [2000, 1000], None, 1),  # -0.49 and 0.49 levels round to 0 alike
+    ([49.0, -49.0], [1000, 2000], None, 0),  # -0.49 and 0.49 levels round to 0 alike
     ([10.0, 20.0, 0.0], [1000, 1000, 1000], None, 0),  # all equal: the first row
     ([10.0, 20.0, 0.0], [1000, 1000, 1000], [2, 0, 1], 1),  # ... or the first name
-    ([500.0, -300.0, -290.0], [0, 3000, 2000], None, 2),  # best level first, then best fit
-], ids=["level-then-bestfit", "next-level", "rounding", "row-order", "name-order",
+    ([500.0, -300.0, -290.0], [0, 2000, 3000], [0, 2, 1], 2),  # best level, then name
+], ids=["level-then-name", "next-level", "rounding", "row-order", "name-order",
         "level-first"])
-def test_order_levels_then_best_fit_then_name(delta: list[float], gpu_left: list[int],
-                                              tie: list[int] | None, best: int) -> None:
+def test_order_levels_then_name(delta: list[float], gpu_left: list[int],
+                                tie: list[int] | None, best: int) -> None:
     """The order the extender and simulate share (:meth:`Ranking.order`): fragmentation
-    added in levels of :data:`LEVEL_MILLI`, then the least GPU left, then node name; one
-    best, never a draw."""
+    added in levels of :data:`LEVEL_MILLI`, then node name (the GPU left on the node plays
+    no part: best fit within a level sends pods to the small nodes that model-pinned pods
+    need); one best, never a draw."""
     r = ranking(delta, gpu_left, tie)
     assert LEVEL_MILLI == 100
     assert r.best().tolist() == [best]

@@ -100,6 +100,20 @@ def test_small_trace_table_and_json(tmp_path: Path) -> None:
     assert "failed pods: cpu 0, share 1, 1-gpu 0, multi-gpu 0" in table.stdout
 
 
+def test_pods_without_gpu_spec_column_run_on_any_model(tmp_path: Path) -> None:
+    # the openb multigpu* traces have no gpu_spec column: every pod may use any model
+    (tmp_path / "nodes.csv").write_text(NODE_HEADER + "n0,8000,32768,2,T4\n"
+                                        "n1,8000,32768,2,V100M32\n")
+    (tmp_path / "pods.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                                       "a,2000,4096,2,1000\nb,2000,4096,2,1000\n")
+    out = run("--nodes", tmp_path / "nodes.csv", "--pods", tmp_path / "pods.csv",
+              "--tune", "0", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["failed_pods"] == {"cpu": 0, "share": 0, "1-gpu": 0, "multi-gpu": 0}
+    assert r["unallocated_gpus"]["total_gpus"] == 0
+
+
 def _k8s_node(name: str, gpus: int) -> dict[str, object]:
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "A100",
