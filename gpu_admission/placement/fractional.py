@@ -37,6 +37,7 @@ from gpu_admission.placement.frag import (
     Shape,
     Typical,
     Workload,
+    name_ranks,
     rank,
     typical_arrays,
 )
@@ -254,9 +255,7 @@ class Registry:
         self.nodes = Nodes(list(self.index), [""], np.zeros(total, dtype=np.int64), cpu, mem,
                            gpu)
         self.card = card
-        by_name = sorted(range(total), key=self.nodes.names.__getitem__)
-        self.name_rank = np.empty(total, dtype=np.int64)
-        self.name_rank[by_name] = np.arange(total)
+        self.name_rank = name_ranks(self.nodes.names)
         self.cache = None
         self.unread.update(range(start, total))
 

@@ -295,6 +295,13 @@ class Ranking:
                        self.cpu_left[keep], None if self.tie is None else self.tie[keep])
 
 
+def name_ranks(names: Sequence[str]) -> IntArray:
+    """Each name's place in sorted order (:attr:`Ranking.tie`, the last tie-break)."""
+    out: IntArray = np.empty(len(names), dtype=np.int64)
+    out[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+    return out
+
+
 def fits(nodes: Nodes, pod: Shape, headroom_milli: int = 0) -> tuple[BoolArray, BoolArray]:
     """(node fits, per-card fits for a share pod). ``pod.models`` filters the GPU model.
     A card fits a share when share + headroom (milli-GPU) is free: never over-committed."""

@@ -62,6 +62,7 @@ from gpu_admission.placement.frag import (
     Workload,
     fits,
     fixed_workload,
+    name_ranks,
     rank,
     typical_arrays,
 )
@@ -124,10 +125,8 @@ class Cluster:
         nodes = Nodes.build([n.name for n in specs], [n.model for n in specs],
                             [n.cpu_milli for n in specs], [n.mem_mib for n in specs],
                             [[MILLI] * n.gpus for n in specs])
-        rank = np.empty(len(specs), dtype=np.int64)
-        rank[sorted(range(len(specs)), key=lambda i: specs[i].name)] = np.arange(len(specs))
         return cls(nodes, sum(n.gpus for n in specs) * MILLI, nodes.cpu.copy(),
-                   nodes.mem.copy(), rank)
+                   nodes.mem.copy(), name_ranks([n.name for n in specs]))
 
     def apply(self, row: int, card: int, pod: Shape) -> None:
         n = self.nodes
