@@ -29,7 +29,8 @@ Where ours differs, and why:
   GPU, a T4 node 52 cores and 256 GiB, while the GPU pods ask about 11 cores and 40 GiB per
   GPU: a CPU pod, or a CPU-hungry share, placed on a G2 node brings its GPUs nearer to
   stranding, on a T4 node it does not. The node term carries the CPU-tight traces, the
-  per-shape term keeps the nodes of model-pinned pods for them; together they place more of
+  per-shape term keeps a node's CPU for the shapes that need more of it per GPU than the
+  mean (it matters most where pods are pinned to a few nodes); together they place more of
   the fleet than FGD on every openb trace tried (docs/extender.md, "The measure");
 * **the workload is learned** (:class:`Workload`): a decayed histogram of the shapes of the
   pods the scheduler has been asked to place, starting from a generic prior, instead of the
@@ -348,8 +349,10 @@ class FragCache:
         self.count[:, rows] = fit.sum(axis=2)
         self.partial[:, rows] = np.where(fit, 0, g[None, :, :]).sum(axis=2)
         ok = _node_ok(self.typ, nodes.model[rows], nodes.cpu[rows], nodes.mem[rows])
+        cpu, mem = nodes.cpu[rows], nodes.mem[rows]
         self.frag[rows] = _combine(self.typ, ok, self.count[:, rows], self.partial[:, rows],
-                                   self.total[rows], cpu=nodes.cpu[rows], mem=nodes.mem[rows])
+                                   self.total[rows], feed=_feed(self.typ, cpu, mem), cpu=cpu,
+                                   mem=mem)
 
 
 def _node_ok(typ: Typical, model: IntArray, cpu: IntArray, mem: IntArray) -> BoolArray:
@@ -361,22 +364,31 @@ def _node_ok(typ: Typical, model: IntArray, cpu: IntArray, mem: IntArray) -> Boo
 
 
 def _combine(typ: Typical, ok: BoolArray, count: IntArray, partial: IntArray,
-             total: IntArray, *, cpu: IntArray, mem: IntArray) -> FloatArray:
-    """sum_k w_k * (partial_k if the node can host shape k else every free milli-GPU), plus
-    the GPU stranded for want of CPU or memory (:func:`stranded`); ``ok`` from
-    :func:`_node_ok`, arrays (K, M) and (M,) for M node states."""
+             total: IntArray, *, feed: FloatArray | None, cpu: IntArray,
+             mem: IntArray) -> FloatArray:
+    """sum_k w_k * (partial_k plus k's unfed GPU if the node can host shape k, else every
+    free milli-GPU), plus the GPU stranded at the workload's rate (:func:`stranded`);
+    ``ok`` from :func:`_node_ok`, ``feed`` from :func:`_feed` (None: no stranding terms),
+    arrays (K, M) and (M,) for M node states."""
     feasible = ok & (count >= typ.count[:, None])
-    if typ.cpu_per_milli == 0 and typ.mem_per_milli == 0:  # no stranding term (FGD)
+    if feed is None:
         plain: FloatArray = typ.weight @ np.where(feasible, partial, total[None, :])
         return plain
-    # each shape's own rate: the milli-GPU the node's CPU and memory left feed for it
-    feed = np.minimum(
-        np.where(typ.cpu[:, None] > 0, cpu[None, :] * typ.milli_per_cpu[:, None], np.inf),
-        np.where(typ.mem[:, None] > 0, mem[None, :] * typ.milli_per_mib[:, None], np.inf))
     unfed = np.maximum(0.0, total[None, :] - partial - feed)
     frag: FloatArray = (typ.weight @ np.where(feasible, partial + unfed, total[None, :])
                         + stranded(typ, total, cpu, mem))
     return frag
+
+
+def _feed(typ: Typical, cpu: IntArray, mem: IntArray) -> FloatArray | None:
+    """(K, M): the milli-GPU node state m's free CPU and memory feed for shape k at k's own
+    rate (None when the measure has no stranding terms)."""
+    if typ.cpu_per_milli == 0 and typ.mem_per_milli == 0:
+        return None
+    feed: FloatArray = np.minimum(
+        np.where(typ.cpu[:, None] > 0, cpu[None, :] * typ.milli_per_cpu[:, None], np.inf),
+        np.where(typ.mem[:, None] > 0, mem[None, :] * typ.milli_per_mib[:, None], np.inf))
+    return feed
 
 
 def stranded(typ: Typical, total: IntArray, cpu: IntArray, mem: IntArray) -> FloatArray:
@@ -432,8 +444,10 @@ def rank(nodes: Nodes, pod: Shape, typ: Typical, cache: FragCache | None = None,
         partial_p = cache.partial[:, rows_p] + np.where(
             small, -pod.gpu_milli, np.where(lost, after_c, 0))
         total_p = total[ni] - pod.gpu_milli
+        feed = _feed(typ, cpu, mem)  # per node, then per pair: the card does not change it
         after = _combine(typ, _node_ok(typ, model, cpu, mem)[:, ni], count_p, partial_p,
-                         total_p, cpu=cpu[ni], mem=mem[ni])
+                         total_p, feed=None if feed is None else feed[:, ni], cpu=cpu[ni],
+                         mem=mem[ni])
         delta_pair = after - before[ni]
         # best card per node: least delta, then tightest card, then lowest index
         order = np.lexsort((ci, after_c, np.round(delta_pair / EPS), ni))
@@ -447,6 +461,6 @@ def rank(nodes: Nodes, pod: Shape, typ: Typical, cache: FragCache | None = None,
     if pod.gpus > 0:  # whole cards: full cards host every shape, so each shape loses them
         count = count - pod.gpus
         total = total - MILLI * pod.gpus
-    after = _combine(typ, _node_ok(typ, model, cpu, mem), count, partial, total, cpu=cpu,
-                     mem=mem)
+    after = _combine(typ, _node_ok(typ, model, cpu, mem), count, partial, total,
+                     feed=_feed(typ, cpu, mem), cpu=cpu, mem=mem)
     return Ranking(cand, np.full(len(cand), -1, dtype=np.int64), after - before, total, cpu)

@@ -250,7 +250,9 @@ class Shipped:
         n = cluster.nodes
         if pod.gpus == 0 and self.cpu_pods == "default":
             return default_scheduler(cluster, pod, self.rng)
-        self.workload.observe(pod)  # the extender learns every pod it is asked about
+        # the extender learns every pod it is asked about, with no GPU model (its arrays have
+        # one model column; kube-scheduler applies a pod's nodeSelector), so neither does this
+        self.workload.observe(replace(pod, models=()) if pod.models else pod)
         if self.cache is None or self.workload.seen - self._seen_at >= REFRESH_EVERY:
             self.cache = FragCache.build(n, typical_arrays(self.workload.typical(), n.models,
                                                            OURS))
