@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -81,17 +82,23 @@ def test_bad_input_names_row_and_field(tmp_path: Path, nodes: str, pods: str,
     assert "Traceback" not in out.stderr
 
 
-def test_small_trace_table_and_json(tmp_path: Path) -> None:
-    # 2 nodes x 2 T4; a CPU pod that fits must be placed; a share pod pinned to a model
-    # the cluster lacks fails and is reported by kind
-    (tmp_path / "nodes.csv").write_text(NODE_HEADER + "n0,8000,32768,2,T4\n"
-                                        "n1,8000,32768,2,T4\n")
-    (tmp_path / "pods.csv").write_text(POD_HEADER + "a,2000,4096,1,500,\nb,2000,4096,0,0,\n"
-                                       "c,2000,4096,1,500,V100M32\nd,4000,8192,2,1000,\n")
+def replay_json(tmp_path: Path, nodes: str, pods: str) -> dict[str, Any]:
+    """``simulate -o json --tune 0`` over the two CSV texts (written to nodes.csv, pods.csv)."""
+    (tmp_path / "nodes.csv").write_text(nodes)
+    (tmp_path / "pods.csv").write_text(pods)
     out = run("--nodes", tmp_path / "nodes.csv", "--pods", tmp_path / "pods.csv",
               "--tune", "0", "-o", "json")
     assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout)
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def test_small_trace_table_and_json(tmp_path: Path) -> None:
+    # 2 nodes x 2 T4; a CPU pod that fits must be placed; a share pod pinned to a model
+    # the cluster lacks fails and is reported by kind
+    r = replay_json(tmp_path, NODE_HEADER + "n0,8000,32768,2,T4\nn1,8000,32768,2,T4\n",
+                    POD_HEADER + "a,2000,4096,1,500,\nb,2000,4096,0,0,\n"
+                    "c,2000,4096,1,500,V100M32\nd,4000,8192,2,1000,\n")
     assert r["failed_pods"] == {"cpu": 0, "share": 1, "1-gpu": 0, "multi-gpu": 0}
     assert r["arrived_pods"] == {"cpu": 1, "multi-gpu": 1, "share": 2}
     assert r["unallocated_gpus"]["total_gpus"] == 1.5
@@ -102,14 +109,9 @@ def test_small_trace_table_and_json(tmp_path: Path) -> None:
 
 def test_pods_without_gpu_spec_column_run_on_any_model(tmp_path: Path) -> None:
     # the openb multigpu* traces have no gpu_spec column: every pod may use any model
-    (tmp_path / "nodes.csv").write_text(NODE_HEADER + "n0,8000,32768,2,T4\n"
-                                        "n1,8000,32768,2,V100M32\n")
-    (tmp_path / "pods.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
-                                       "a,2000,4096,2,1000\nb,2000,4096,2,1000\n")
-    out = run("--nodes", tmp_path / "nodes.csv", "--pods", tmp_path / "pods.csv",
-              "--tune", "0", "-o", "json")
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout)
+    r = replay_json(tmp_path, NODE_HEADER + "n0,8000,32768,2,T4\nn1,8000,32768,2,V100M32\n",
+                    "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                    "a,2000,4096,2,1000\nb,2000,4096,2,1000\n")
     assert r["failed_pods"] == {"cpu": 0, "share": 0, "1-gpu": 0, "multi-gpu": 0}
     assert r["unallocated_gpus"]["total_gpus"] == 0
 
