@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import os
 import statistics
 import sys
@@ -29,7 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from gpu_admission.simulate.core import at, simulate
-from gpu_admission.simulate.trace import openb_nodes, openb_pods
+from gpu_admission.simulate.trace import NodeSpec, PodSpec, openb_nodes, openb_pods
 
 #: the trace beside the repository (shared/data/openb), or where GPU_ADMISSION_OPENB points
 DATA = Path(os.environ.get("GPU_ADMISSION_OPENB")
@@ -57,11 +58,17 @@ def paper(csv_path: Path | None = None) -> dict[tuple[str, str], tuple[float, fl
     return out
 
 
+@functools.cache
+def _load(path: Path) -> tuple[list[NodeSpec], list[PodSpec]]:
+    """The nodes and one trace's pods, read once per worker process (every seed reuses them)."""
+    return (openb_nodes((DATA / "openb_node_list_gpu_node.csv").read_text()),
+            openb_pods(path.read_text()))
+
+
 def replay(job: tuple[str, Path, str, int, int]) -> tuple[float, float, float, float, float]:
     """One replay: (at 100 %, at 130 %, decision p50 ms, p99 ms, seconds)."""
     trace, path, placement, seed, until = job
-    nodes = openb_nodes((DATA / "openb_node_list_gpu_node.csv").read_text())
-    pods = openb_pods(path.read_text())
+    nodes, pods = _load(path)
     t0 = time.perf_counter()
     r = simulate(nodes, pods, placement=placement, seed=seed, until=until,
                  clock=time.perf_counter)

@@ -194,9 +194,6 @@ class Typical:
     #: the GPU shapes' weighted mean milli-CPU (MiB) per milli-GPU; 0 = no stranding term
     cpu_per_milli: float = 0.0
     mem_per_milli: float = 0.0
-    #: (K,) each shape's milli-GPU per milli-CPU (per MiB) it asks; 0 without GPU
-    milli_per_cpu: FloatArray = field(default_factory=lambda: np.zeros(0))
-    milli_per_mib: FloatArray = field(default_factory=lambda: np.zeros(0))
 
 
 def typical_arrays(shapes: Sequence[tuple[Shape, float]], models: Sequence[str],
@@ -205,23 +202,17 @@ def typical_arrays(shapes: Sequence[tuple[Shape, float]], models: Sequence[str],
     norm = sum(w for _, w in keep) or 1.0
     accepts = np.array([[not s.models or m in s.models for m in models] for s, _ in keep],
                        dtype=bool).reshape(len(keep), len(models))
-    gpu = [(s, w) for s, w in keep if s.total_milli > 0]
-    milli = sum(w * s.total_milli for s, w in gpu)
-    per_cpu = per_mem = 0.0
-    if measure.stranding and milli > 0:
-        per_cpu = sum(w * s.cpu_milli for s, w in gpu) / milli
-        per_mem = sum(w * s.mem_mib for s, w in gpu) / milli if measure.memory else 0.0
-    gpu_milli = np.array([s.total_milli for s, _ in keep], dtype=np.float64)
-    cpu = np.array([s.cpu_milli for s, _ in keep], dtype=np.float64)
-    mem = np.array([s.mem_mib if measure.memory else 0 for s, _ in keep], dtype=np.float64)
-    return Typical(np.array([s.cpu_milli for s, _ in keep], dtype=np.int64),
-                   np.array([s.mem_mib if measure.memory else 0 for s, _ in keep],
-                            dtype=np.int64),
-                   np.array([s.gpu_milli for s, _ in keep], dtype=np.int64),
-                   np.array([s.gpus for s, _ in keep], dtype=np.int64),
-                   np.array([w / norm for _, w in keep], dtype=np.float64), accepts,
-                   per_cpu, per_mem, gpu_milli / np.maximum(cpu, 1.0),
-                   gpu_milli / np.maximum(mem, 1.0))
+    cpu = np.array([s.cpu_milli for s, _ in keep], dtype=np.int64)
+    mem = np.array([s.mem_mib if measure.memory else 0 for s, _ in keep], dtype=np.int64)
+    milli = np.array([s.gpu_milli for s, _ in keep], dtype=np.int64)
+    count = np.array([s.gpus for s, _ in keep], dtype=np.int64)
+    weight = np.array([w / norm for _, w in keep], dtype=np.float64)
+    gpu = weight * (milli > 0)  # the GPU shapes' weights: the rates are what GPUs come with
+    gpu_milli = float(gpu @ (milli * count))
+    stranding = measure.stranding and gpu_milli > 0
+    return Typical(cpu, mem, milli, count, weight, accepts,
+                   float(gpu @ cpu) / gpu_milli if stranding else 0.0,
+                   float(gpu @ mem) / gpu_milli if stranding else 0.0)
 
 
 @dataclass
@@ -348,8 +339,8 @@ class FragCache:
         fit = g[None, :, :] >= self.typ.milli[:, None, None]  # (K, M, C)
         self.count[:, rows] = fit.sum(axis=2)
         self.partial[:, rows] = np.where(fit, 0, g[None, :, :]).sum(axis=2)
-        ok = _node_ok(self.typ, nodes.model[rows], nodes.cpu[rows], nodes.mem[rows])
         cpu, mem = nodes.cpu[rows], nodes.mem[rows]
+        ok = _node_ok(self.typ, nodes.model[rows], cpu, mem)
         self.frag[rows] = _combine(self.typ, ok, self.count[:, rows], self.partial[:, rows],
                                    self.total[rows], feed=_feed(self.typ, cpu, mem), cpu=cpu,
                                    mem=mem)
@@ -385,9 +376,12 @@ def _feed(typ: Typical, cpu: IntArray, mem: IntArray) -> FloatArray | None:
     rate (None when the measure has no stranding terms)."""
     if typ.cpu_per_milli == 0 and typ.mem_per_milli == 0:
         return None
+    milli = (typ.milli * typ.count)[:, None]  # (K, 1): what shape k asks of the GPU
     feed: FloatArray = np.minimum(
-        np.where(typ.cpu[:, None] > 0, cpu[None, :] * typ.milli_per_cpu[:, None], np.inf),
-        np.where(typ.mem[:, None] > 0, mem[None, :] * typ.milli_per_mib[:, None], np.inf))
+        np.where(typ.cpu[:, None] > 0, cpu[None, :] * milli / np.maximum(typ.cpu, 1)[:, None],
+                 np.inf),
+        np.where(typ.mem[:, None] > 0, mem[None, :] * milli / np.maximum(typ.mem, 1)[:, None],
+                 np.inf))
     return feed
 
 

@@ -33,10 +33,11 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from gpu_admission.admission.pod import analyse_gpu_pod
+from gpu_admission.facts.fractional import NVIDIA_MEM_LIMIT_MB
 from gpu_admission.placement.gpus import Gpu, Snapshot
 from gpu_admission.policy.model import Placement, Policy
 from gpu_admission.rules.base import GpuContainer
-from gpu_admission.rules.memory import NVIDIA_MEM_LIMIT_MB, memory_share, shares_a_gpu
+from gpu_admission.rules.memory import memory_share, shares_a_gpu
 
 MAX_SCORE: Final = 10  # extender/v1 MaxExtenderPriority
 NEUTRAL_SCORE: Final = 5  # no information: the middle, so it neither wins nor loses

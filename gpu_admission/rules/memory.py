@@ -51,6 +51,7 @@ from typing import Final
 from gpu_admission.core.patch import last_indexes
 from gpu_admission.facts.fractional import (
     HAMI_MEMORY_LIMIT,
+    NVIDIA_MEM_LIMIT_MB,
     Fraction,
     hami_limit_bytes,
     hami_limit_text,
@@ -63,7 +64,6 @@ from gpu_admission.rules.base import Context, GpuContainer
 LIMIT: Final = "memory-limit"
 UNVERIFIABLE: Final = "memory-limit-unverifiable"
 
-NVIDIA_MEM_LIMIT_MB: Final = "NVIDIA_MEM_LIMIT_MB"
 GPU_MEMORY_FRACTION: Final = "GPU_MEMORY_FRACTION"
 XLA_CLIENT_MEM_FRACTION: Final = "XLA_CLIENT_MEM_FRACTION"
 XLA_PYTHON_CLIENT_MEM_FRACTION: Final = "XLA_PYTHON_CLIENT_MEM_FRACTION"

@@ -11,8 +11,8 @@ import pytest
 
 from gpu_admission.admission.engine import evaluate
 from gpu_admission.core.decision import RequestFacts
+from gpu_admission.facts.fractional import NVIDIA_MEM_LIMIT_MB
 from gpu_admission.policy.model import policy_from_dict
-from gpu_admission.rules.memory import NVIDIA_MEM_LIMIT_MB
 
 POOL = {"name": "a100", "nodeSelector": {"pool": "a100"}, "sharing": "none",
         "memoryMiB": 81920}

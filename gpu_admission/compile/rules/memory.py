@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_admission.facts.fractional import NVIDIA_MEM_LIMIT_MB
 from gpu_admission.policy.model import Policy
 from gpu_admission.rules import memory
 from gpu_admission.rules.memory import format_fraction
@@ -31,7 +32,7 @@ def _wanted(policy: Policy) -> list[tuple[str, str, str, str]]:
                  f"  : int({t}.replace(\"_\", \"\")) > 0 && int({t}.replace(\"_\", \"\")) <= "
                  f'{mem} ? "ok" : "exceeds"')
     if env.nvidia_mem_limit_mb:
-        out.append((memory.NVIDIA_MEM_LIMIT_MB, f"string({mem})", int_check,
+        out.append((NVIDIA_MEM_LIMIT_MB, f"string({mem})", int_check,
                     f'"<= " + string({mem}) + " (MiB)"'))
     float_re = _FLOAT_RE
     low = f"{t}.lowerAscii()"
